@@ -1,0 +1,234 @@
+"""The one dispatch rule of fusedops.
+
+Every op registers its backends here (``register_op``) and asks ``select`` for an implementation
+each time it runs. The rule, in order:
+
+1. An explicit choice wins: the op's ``backend=`` argument, then ``with use_backend(...)``, then
+   the ``FUSEDOPS_BACKEND`` environment variable. If the chosen backend cannot take the inputs,
+   ``BackendUnavailableError`` lists its reasons.
+2. On a CUDA tensor: the first backend of the op's preference (cuda, then triton, by default)
+   that is installed/built and has no reason to refuse these inputs.
+3. Otherwise (CPU tensors, or nothing else can run): the reference implementation. Under
+   ``TRITON_INTERPRET=1`` the triton backend also accepts CPU tensors when chosen explicitly;
+   that is how the test suite checks Triton kernels on a CPU machine.
+
+An implementation is a namespace with the op's functions (``forward``, ``backward``, ...), the
+same names and signatures for every backend. Nothing here imports triton or initialises CUDA;
+a backend's module is imported the first time it is selected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+BACKENDS = ("cuda", "triton", "reference")
+KERNEL_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
+
+_forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fusedops_backend", default=None
+)
+_lock = threading.Lock()
+
+#: The backend each op ran on last (op name -> backend name); read by the demo and `info`.
+last_used: dict[str, str] = {}
+
+
+class BackendUnavailableError(RuntimeError):
+    """No backend can run an op on the given inputs; the message lists every reason."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op's backend table.
+
+    reference: namespace holding the plain-PyTorch implementation's functions.
+    triton_module: dotted module path of the Triton launchers (imported on first use).
+    cuda_module: dotted module path of the CUDA launchers' Python side (calls the extension).
+    dtypes: input dtypes the kernels (triton and cuda) accept.
+    preference: kernel backends to try, in order, for CUDA tensors.
+    check: optional ``check(backend, *tensors) -> list[str]`` giving op-specific reasons.
+    """
+
+    name: str
+    reference: Any
+    triton_module: str | None = None
+    cuda_module: str | None = None
+    dtypes: frozenset = KERNEL_DTYPES
+    preference: tuple[str, ...] = ("cuda", "triton")
+    check: Callable[..., list[str]] | None = None
+    _impls: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+_OPS: dict[str, Op] = {}
+
+
+def register_op(name: str, reference: Any, **options: Any) -> Op:
+    """Register (or re-register) op ``name`` with its reference namespace and backend options."""
+    op = Op(name=name, reference=reference, **options)
+    _OPS[name] = op
+    return op
+
+
+def registered_ops() -> dict[str, Op]:
+    """All registered ops by name (ops register when their module is imported)."""
+    return dict(_OPS)
+
+
+def _validate_name(backend: str, source: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"{source}: unknown backend {backend!r}; choose one of {BACKENDS}")
+    return backend
+
+
+def requested(backend: str | None = None) -> str | None:
+    """The explicit backend choice in force: ``backend``, else use_backend, else the env var."""
+    if backend is not None:
+        return _validate_name(backend, "backend")
+    forced = _forced_backend.get()
+    if forced is not None:
+        return forced
+    env = os.environ.get("FUSEDOPS_BACKEND", "").strip()
+    return _validate_name(env, "FUSEDOPS_BACKEND") if env else None
+
+
+@contextlib.contextmanager
+def use_backend(backend: str | None) -> Iterator[None]:
+    """Force every fusedops op inside the block onto ``backend`` (None restores automatic)."""
+    if backend is not None:
+        _validate_name(backend, "use_backend")
+    token = _forced_backend.set(backend)
+    try:
+        yield
+    finally:
+        _forced_backend.reset(token)
+
+
+def triton_interpreter() -> bool:
+    """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _triton_missing() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    return None
+
+
+def _cuda_missing() -> str | None:
+    from fusedops.kernels.cuda import build
+
+    return build.unavailable_reason()
+
+
+def install_reasons(op: Op, backend: str) -> list[str]:
+    """Why ``backend`` of ``op`` cannot run at all here, whatever the inputs (no CUDA probing
+    beyond what has already happened; the CUDA extension's state is reported as known)."""
+    if backend == "reference":
+        return []
+    if backend == "triton":
+        if op.triton_module is None:
+            return ["no triton kernel for this op"]
+        missing = _triton_missing()
+        return [missing] if missing else []
+    if op.cuda_module is None:
+        return ["no CUDA kernel for this op"]
+    from fusedops.kernels.cuda import build
+
+    state = build.known_state()
+    return [state] if state else []
+
+
+def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list[str]:
+    """Why ``backend`` of ``op`` cannot take these inputs (empty list: it can)."""
+    reasons = install_reasons(op, backend)
+    main = tensors[0]
+    if backend != "reference":
+        if backend == "cuda" and main.device.type != "cuda":
+            reasons.append(f"input is on {main.device.type}, the CUDA kernel needs a CUDA tensor")
+        if backend == "triton" and main.device.type != "cuda" and not triton_interpreter():
+            reasons.append(
+                f"input is on {main.device.type}; triton needs a CUDA tensor "
+                "(or TRITON_INTERPRET=1 for the CPU interpreter)"
+            )
+        if main.dtype not in op.dtypes:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in op.dtypes))
+            reasons.append(f"dtype {main.dtype} not supported (kernels take {names})")
+        if backend == "cuda" and not reasons:
+            missing = _cuda_missing()  # builds the extension on first use
+            if missing:
+                reasons.append(missing)
+    if op.check is not None:
+        reasons.extend(op.check(backend, *tensors))
+    return reasons
+
+
+def _implementation(op: Op, backend: str) -> Any:
+    impl = op._impls.get(backend)
+    if impl is not None:
+        return impl
+    with _lock:
+        if backend == "reference":
+            impl = op.reference
+        elif backend == "triton":
+            impl = importlib.import_module(op.triton_module)
+        else:
+            impl = importlib.import_module(op.cuda_module)
+        op._impls[backend] = impl
+    return impl
+
+
+def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -> str:
+    """The backend that the dispatch rule picks for op ``name`` on ``tensors``."""
+    op = _OPS[name]
+    choice = requested(backend)
+    if choice is not None:
+        reasons = input_reasons(op, choice, tensors)
+        if reasons:
+            raise BackendUnavailableError(
+                f"fusedops.{name}: backend {choice!r} was requested but cannot run: "
+                + "; ".join(reasons)
+            )
+        return choice
+    refused: list[str] = []
+    if tensors[0].device.type == "cuda":
+        for candidate in op.preference:
+            reasons = input_reasons(op, candidate, tensors)
+            if not reasons:
+                return candidate
+            refused.append(f"{candidate}: {'; '.join(reasons)}")
+    reasons = input_reasons(op, "reference", tensors)
+    if not reasons:
+        return "reference"
+    refused.append(f"reference: {'; '.join(reasons)}")
+    raise BackendUnavailableError(f"fusedops.{name}: no backend can run: " + " | ".join(refused))
+
+
+def select(name: str, *tensors: torch.Tensor, backend: str | None = None) -> Any:
+    """The implementation namespace the dispatch rule picks for op ``name`` on ``tensors``."""
+    chosen = select_name(name, *tensors, backend=backend)
+    last_used[name] = chosen
+    return _implementation(_OPS[name], chosen)
+
+
+def availability() -> dict[str, dict[str, str]]:
+    """op -> backend -> "available" or the reason it is not (used by ``python -m fusedops info``)."""
+    table = {}
+    for name, op in sorted(_OPS.items()):
+        row = {}
+        for backend in BACKENDS:
+            reasons = install_reasons(op, backend)
+            row[backend] = "available" if not reasons else "; ".join(reasons)
+        table[name] = row
+    return table

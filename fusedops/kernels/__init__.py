@@ -1,0 +1,1 @@
+"""Kernel sources: ``triton/<op>.py`` (Triton kernels and launchers) and ``cuda/<op>.cu``."""

@@ -1,0 +1,56 @@
+// Device-side helpers shared by the .cu files: dtype conversion, dtype dispatch, grid sizing.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "launchers.h"
+
+namespace fusedops {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Number of blocks for a grid-stride loop over n items: enough to fill the GPU, capped so the
+// grid never exceeds the hardware limit however large n is.
+inline unsigned int grid_blocks(int64_t n, int threads) {
+  const int64_t max_blocks = 65535LL * 32;
+  int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+}  // namespace fusedops
+
+// Runs BODY with `scalar_t` bound to the C++ type of DTYPE; unknown dtype -> invalid value.
+#define FUSEDOPS_DISPATCH_FLOAT(DTYPE, ...)                  \
+  switch (DTYPE) {                                           \
+    case ::fusedops::DType::kFloat32: {                      \
+      using scalar_t = float;                                \
+      __VA_ARGS__;                                           \
+      break;                                                 \
+    }                                                        \
+    case ::fusedops::DType::kFloat16: {                      \
+      using scalar_t = __half;                               \
+      __VA_ARGS__;                                           \
+      break;                                                 \
+    }                                                        \
+    case ::fusedops::DType::kBFloat16: {                     \
+      using scalar_t = __nv_bfloat16;                        \
+      __VA_ARGS__;                                           \
+      break;                                                 \
+    }                                                        \
+    default:                                                 \
+      return cudaErrorInvalidValue;                          \
+  }

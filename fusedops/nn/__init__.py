@@ -1,0 +1,5 @@
+"""Drop-in modules: subclasses of the torch modules they replace, running fused ops."""
+
+from fusedops.nn.quick_gelu import QuickGELU
+
+__all__ = ["QuickGELU"]

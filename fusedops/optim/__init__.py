@@ -1,0 +1,1 @@
+"""Fused optimizers (FusedAdam, FusedAdamW)."""

@@ -1,0 +1,107 @@
+"""Test helpers shared by every op's tests: one tolerance table, output poisoning, inputs.
+
+Results are compared in float64 against a float64 reference, with the tolerance of the dtype
+the kernel computed in (``TOLERANCES``). Poisoning fills every kernel output with NaN before the
+kernel runs, so an element the kernel forgot to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from collections.abc import Iterator
+
+import torch
+
+from fusedops import _alloc
+
+#: dtype -> (rtol, atol) for a kernel result against the float64 reference. One table for all ops.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype``, optionally scaled (e.g. for reductions over long rows)."""
+    rtol, atol = TOLERANCES[dtype]
+    return rtol * scale, atol * scale
+
+
+def assert_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+    scale: float = 1.0,
+    msg: str = "",
+) -> None:
+    """Assert ``actual`` matches ``expected`` within the table's tolerance for ``dtype``
+    (default: ``actual.dtype``). Shapes must match; NaN anywhere in ``actual`` fails unless
+    ``expected`` has NaN in the same place."""
+    dtype = dtype or actual.dtype
+    rtol, atol = tolerance(dtype, scale)
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{msg} shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    torch.testing.assert_close(
+        actual.detach().double().cpu(),
+        expected.detach().double().cpu(),
+        rtol=rtol,
+        atol=atol,
+        equal_nan=True,
+        msg=(lambda m: f"{msg} [{dtype}, rtol={rtol:g}, atol={atol:g}]\n{m}") if msg else None,
+    )
+
+
+@contextlib.contextmanager
+def poisoned_outputs(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, kernel outputs start as NaN (floats) or the max value (integers)."""
+    previous = _alloc.set_poison(enabled)
+    try:
+        yield
+    finally:
+        _alloc.set_poison(previous)
+
+
+def random_tensor(
+    shape,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    generator: torch.Generator | None = None,
+    low: float = -3.0,
+    high: float = 3.0,
+) -> torch.Tensor:
+    """Uniform values in [low, high): random each call, never all zeros."""
+    t = torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+    return (low + (high - low) * t).to(dtype)
+
+
+def non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A non-contiguous view holding the same values as ``t`` (stride 2 in the last dim)."""
+    doubled = torch.empty((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+    view = doubled[..., ::2]
+    view.copy_(t)
+    return view
+
+
+def device_under_test() -> torch.device:
+    """The device tests run on: CUDA when present, else CPU (Triton through its interpreter)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def backends_under_test() -> list[str]:
+    """Backends the suite can check on this machine: reference always; triton on a GPU or
+    under TRITON_INTERPRET=1; cuda on a GPU with a CUDA build of torch."""
+    from fusedops import dispatch
+
+    backends = ["reference"]
+    if importlib.util.find_spec("triton") is not None and (
+        torch.cuda.is_available() or dispatch.triton_interpreter()
+    ):
+        backends.append("triton")
+    if torch.cuda.is_available() and torch.version.cuda is not None:
+        backends.append("cuda")
+    return backends

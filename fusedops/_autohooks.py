@@ -1,6 +1,7 @@
 """Applied at interpreter start by ``fusedops_hooks.pth`` when FUSEDOPS_HOOKS is set.
 
-``FUSEDOPS_HOOKS=all`` or ``name[:value],...`` (e.g. ``quick_gelu:open_clip.transformer.QuickGELU``).
+``FUSEDOPS_HOOKS=all`` or ``name[:value],...``, for example
+``quick_gelu:open_clip.transformer.QuickGELU``.
 Never raises: a bad value is reported as a warning so the interpreter still starts.
 """
 

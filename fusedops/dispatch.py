@@ -223,7 +223,7 @@ def select(name: str, *tensors: torch.Tensor, backend: str | None = None) -> Any
 
 
 def availability() -> dict[str, dict[str, str]]:
-    """op -> backend -> "available" or the reason it is not (used by ``python -m fusedops info``)."""
+    """op -> backend -> "available" or why not (for ``python -m fusedops info``)."""
     table = {}
     for name, op in sorted(_OPS.items()):
         row = {}

@@ -51,12 +51,14 @@ class Hook:
     module_swap(cls, **options) -> the fused class for a module instance of ``cls``, or None
     (used by ``replace_modules`` on models that are already built).
     parse_env(text) -> options, for ``FUSEDOPS_HOOKS=name:text``.
+    needs_options: the hook patches nothing without options (skipped by ``all``).
     """
 
     name: str
     targets: Callable[..., list[Target]]
     module_swap: Callable[..., Any] | None = None
     parse_env: Callable[[str], dict] | None = None
+    needs_options: bool = False
     options: dict = field(default_factory=dict)
     enabled: bool = False
     applied: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
@@ -227,6 +229,8 @@ def enable_from_spec(spec: str) -> list[str]:
         chosen = available() if name == "all" else [name]
         for each in chosen:
             hook = _get(each)
+            if name == "all" and hook.needs_options:
+                continue
             options = hook.parse_env(value) if (value and hook.parse_env) else {}
             enable(each, **options)
             names.append(each)
@@ -316,6 +320,7 @@ register_hook(
         targets=_quick_gelu_targets,
         module_swap=_quick_gelu_swap,
         parse_env=lambda text: {"classes": [c for c in text.split("+") if c]},
+        needs_options=True,
     )
 )
 

@@ -1,0 +1,186 @@
+"""The main job (``make demo``): train a small vision transformer on synthetic data with plain
+PyTorch and with fusedops, and print step time, peak memory, final loss and the backend of
+each op.
+
+Every configuration runs in a fresh child process (same seed, same data), so peak memory is the
+configuration's own and hooks never leak between runs. The model is written as ordinary user
+code: ``nn.LayerNorm``, ``torch.optim.AdamW`` and a CLIP-style ``QuickGELU`` class; the fusedops
+configuration only enables hooks before building it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+CONFIGS = ("plain PyTorch", "fusedops hooks")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's command-line options."""
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    parser.add_argument("--config", choices=CONFIGS, help="run one configuration (child mode)")
+
+
+class QuickGELU(nn.Module):
+    """CLIP's activation, as CLIP's model code writes it (the quick_gelu hook replaces it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block, as in ViT / CLIP."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.act = QuickGELU()
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        qkv = self.qkv(self.norm1(x)).view(batch, tokens, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(attn.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class TinyViT(nn.Module):
+    """32x32 RGB images, 4x4 patches (64 tokens), ``depth`` blocks, mean-pooled classifier.
+
+    Input (B, 3, 32, 32) float; output (B, classes) logits.
+    """
+
+    def __init__(self, dim=128, depth=4, heads=4, classes=10, patch=4):
+        super().__init__()
+        self.patch = patch
+        self.embed = nn.Linear(3 * patch * patch, dim)
+        self.pos = nn.Parameter(torch.randn(1, (32 // patch) ** 2, dim) * 0.02)
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        p = self.patch
+        patches = images.unfold(2, p, p).unfold(3, p, p)  # B, 3, 8, 8, p, p
+        patches = patches.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
+        x = self.blocks(self.embed(patches) + self.pos)
+        return self.head(self.norm(x).mean(dim=1))
+
+
+def _enable_all_hooks() -> None:
+    from fusedops import hooks
+
+    for name in hooks.available():
+        options = {"classes": [f"{__name__}.QuickGELU"]} if name == "quick_gelu" else {}
+        hooks.enable(name, **options)
+
+
+def run_config(config: str, steps: int, batch: int, device: str) -> dict:
+    """Train ``steps`` steps in this process; returns the row of the results table."""
+    import resource
+
+    from fusedops import dispatch
+
+    if config == "fusedops hooks":
+        _enable_all_hooks()
+    torch.manual_seed(0)
+    model = TinyViT().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(batch, 3, 32, 32, generator=generator).to(device)
+    labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, loss = [], None
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    if device == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        memory_kind = "CUDA max allocated"
+    else:
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        memory_kind = "process peak RSS"
+    return {
+        "config": config,
+        "step_ms": 1e3 * statistics.median(times[1:] or times),
+        "peak_mb": peak_mb,
+        "memory_kind": memory_kind,
+        "final_loss": float(loss),
+        "backends": dict(dispatch.last_used),
+        "optimizer": type(optimizer).__module__ + "." + type(optimizer).__name__,
+        "layer_norm_class": type(model.norm).__module__ + "." + type(model.norm).__name__,
+    }
+
+
+def _run_child(config: str, args: argparse.Namespace, device: str) -> dict:
+    command = [sys.executable, "-m", "fusedops", "demo", "--config", config]
+    command += ["--steps", str(args.steps), "--batch", str(args.batch), "--device", device]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"demo configuration {config!r} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_table(rows: list[dict]) -> None:
+    base = rows[0]["final_loss"]
+    header = ("configuration", "step ms", "peak MB", "final loss", "|diff| vs plain")
+    lines = [header]
+    for row in rows:
+        lines.append(
+            (
+                row["config"],
+                f"{row['step_ms']:.2f}",
+                f"{row['peak_mb']:.0f}",
+                f"{row['final_loss']:.6f}",
+                f"{abs(row['final_loss'] - base):.2e}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for i, line in enumerate(lines):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print(f"(peak memory: {rows[0]['memory_kind']})")
+    for row in rows[1:]:
+        print(
+            f"\n{row['config']}: optimizer {row['optimizer']}, LayerNorm {row['layer_norm_class']}"
+        )
+        for op, backend in sorted(row["backends"].items()):
+            print(f"  {op:<20} ran on {backend}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of ``python -m fusedops demo``."""
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.config:
+        print(json.dumps(run_config(args.config, args.steps, args.batch, device)))
+        return 0
+    print(f"fusedops demo: TinyViT, {args.steps} steps, batch {args.batch}, device {device}\n")
+    rows = [_run_child(config, args, device) for config in CONFIGS]
+    _print_table(rows)
+    return 0

@@ -1,0 +1,203 @@
+"""The hooks machinery: patching, restoring, import-time patching, FUSEDOPS_HOOKS, swaps."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fusedops
+from fusedops import hooks
+from fusedops.testing import assert_close, random_tensor
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class QuickGELU(nn.Module):
+    """A user's CLIP-style QuickGELU (what the hook replaces)."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+ORIGINAL = QuickGELU  # the global name above is what the hook patches
+
+
+def _current():
+    return sys.modules[__name__].QuickGELU
+
+
+@pytest.fixture(autouse=True)
+def _restore_hooks():
+    yield
+    for name in hooks.available():
+        hooks.disable(name)
+
+
+def test_enable_replaces_named_class_and_disable_restores():
+    original = ORIGINAL
+    hooks.enable_quick_gelu(classes=[original])
+    fused_cls = _current()
+    assert fused_cls is not original and issubclass(fused_cls, original)
+    assert hooks.enabled() == ["quick_gelu"]
+    module = fused_cls()
+    assert isinstance(module, original)
+    x = random_tensor((4, 7))
+    assert_close(module(x), original()(x).double())
+    hooks.disable_quick_gelu()
+    assert _current() is original
+    assert hooks.enabled() == []
+
+
+def test_enable_is_idempotent_and_patched_restores():
+    hooks.enable_quick_gelu(classes=[ORIGINAL])
+    fused_cls = _current()
+    hooks.enable_quick_gelu(classes=[ORIGINAL])  # same options: no change
+    assert _current() is fused_cls
+    hooks.disable_quick_gelu()
+    with hooks.patched("quick_gelu", classes=[f"{__name__}.QuickGELU"]):
+        assert hooks.enabled() == ["quick_gelu"]
+        assert _current().__mro__[1] is ORIGINAL
+    assert hooks.enabled() == [] and _current() is ORIGINAL
+
+
+def test_gelu_replacement_warns_and_covers_every_torch_location():
+    original = nn.GELU
+    with pytest.warns(UserWarning, match="different function"):
+        hooks.enable_quick_gelu(gelu=True)
+    import torch.nn.modules.activation as activation
+
+    for namespace in (torch.nn, torch.nn.modules, activation):
+        assert namespace.GELU is fusedops.nn.quick_gelu.GELUAsQuickGELU
+    x = random_tensor((9,))
+    assert_close(nn.GELU()(x), fusedops.quick_gelu(x, backend="reference"))
+    hooks.disable_quick_gelu()
+    for namespace in (torch.nn, torch.nn.modules, activation):
+        assert namespace.GELU is original
+
+
+def test_replace_modules_keeps_weights_and_identity():
+    model = nn.Sequential(nn.Linear(4, 4), ORIGINAL(), nn.GELU(), nn.Linear(4, 2))
+    weight = model[0].weight
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = random_tensor((3, 4))
+    expected = model(x)
+    act = model[1]
+    assert fusedops.replace_modules(model, ["quick_gelu"], classes=[ORIGINAL]) is model
+    assert model[1] is act and type(act).__mro__[1] is ORIGINAL
+    assert type(model[2]) is nn.GELU  # nn.GELU only on explicit request
+    assert model[0].weight is weight
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert_close(model(x), expected.double())
+    fusedops.replace_modules(model, ["quick_gelu"], gelu=True)
+    assert type(model[2]) is fusedops.nn.quick_gelu.GELUAsQuickGELU
+
+
+def test_unknown_hook_and_bad_options():
+    with pytest.raises(ValueError, match="unknown hook 'nope'"):
+        hooks.enable("nope")
+    with pytest.raises(ValueError, match="classes: 'QuickGELU' is not a dotted"):
+        hooks.enable_quick_gelu(classes=["QuickGELU"])
+    with pytest.raises(TypeError, match="classes: expected a class"):
+        hooks.enable_quick_gelu(classes=[3])
+    assert hooks.enabled() == []
+
+
+def test_concurrent_enable_disable_leaves_a_consistent_state():
+    errors = []
+
+    def toggle():
+        try:
+            for _ in range(50):
+                hooks.enable_quick_gelu(classes=[ORIGINAL])
+                hooks.disable_quick_gelu()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=toggle) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert _current() is ORIGINAL and hooks.enabled() == []
+
+
+def _user_package(tmp_path: Path) -> Path:
+    package = tmp_path / "clipish"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .model import QuickGELU\n")
+    (package / "model.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+            class QuickGELU(nn.Module):
+                def forward(self, x):
+                    return x * torch.sigmoid(1.702 * x)
+            """
+        )
+    )
+    return tmp_path
+
+
+def _python(code: str, tmp_path: Path, **env: str) -> str:
+    environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", **env}
+    environment.pop("FUSEDOPS_HOOKS", None) if "FUSEDOPS_HOOKS" not in env else None
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_enable_before_import_patches_on_import(tmp_path):
+    out = _python(
+        """
+        import sys
+        from fusedops import hooks
+        hooks.enable_quick_gelu(classes=["clipish.model.QuickGELU"], gelu=True)
+        assert "torch" not in sys.modules
+        from torch.nn import GELU
+        import clipish
+        from clipish.model import QuickGELU
+        print(GELU.__module__, QuickGELU.__mro__[1].__module__, clipish.QuickGELU is QuickGELU)
+        hooks.disable_quick_gelu()
+        import torch
+        print(torch.nn.GELU.__module__)
+        """,
+        _user_package(tmp_path),
+    )
+    assert "fusedops.nn.quick_gelu clipish.model True" in out
+    assert "torch.nn.modules.activation" in out
+
+
+def test_fusedops_hooks_env_applies_at_start(tmp_path):
+    out = _python(
+        """
+        import sys
+        assert "torch" not in sys.modules  # the .pth costs nothing but the hook registration
+        from fusedops import hooks
+        from clipish import QuickGELU
+        print(hooks.enabled(), QuickGELU.__mro__[1].__module__)
+        """,
+        _user_package(tmp_path),
+        FUSEDOPS_HOOKS="quick_gelu:clipish.model.QuickGELU",
+    )
+    assert "['quick_gelu'] clipish.model" in out
+
+
+def test_fusedops_hooks_env_bad_value_warns_and_starts(tmp_path):
+    out = _python("print('started')", tmp_path, FUSEDOPS_HOOKS="no_such_hook")
+    assert "started" in out and "FUSEDOPS_HOOKS ignored: unknown hook 'no_such_hook'" in out

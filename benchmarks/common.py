@@ -1,0 +1,90 @@
+"""Shared benchmark helpers: timing, copy bandwidth, rotating inputs, CSV results.
+
+Every GPU benchmark reports GB/s from the bytes the op must move and the fraction of this
+device's measured copy bandwidth, beside torch eager and torch.compile. Results append to
+``benchmarks/results/<gpu>.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import functools
+import itertools
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+L2_BYTES = 64 * 2**20  # larger than any H100/H200 L2 (50-60 MB)
+
+
+def require_cuda(name: str) -> None:
+    """Exit cleanly (status 0) with a message on a machine without a CUDA device."""
+    if not torch.cuda.is_available():
+        print(f"{name}: no CUDA device here; this benchmark runs on a GPU machine (skipped)")
+        sys.exit(0)
+
+
+def gpu_name() -> str:
+    """The device name, file-name safe (e.g. NVIDIA_H100_80GB_HBM3)."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+
+
+def median_ms(fn: Callable[[], object]) -> float:
+    """Median time of ``fn`` in milliseconds (triton.testing.do_bench: warm-up, L2 flushed)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+@functools.cache
+def copy_bandwidth_gbps() -> float:
+    """This device's measured copy bandwidth (GB/s, read + write bytes), from a 1 GiB copy."""
+    src = torch.empty(2**28, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / ms / 1e6
+
+
+def rotating(make_inputs: Callable[[], tuple], bytes_per_set: int) -> Callable[[], tuple]:
+    """A callable returning the next of enough input sets that together exceed the L2 cache,
+    so a timed call never finds its inputs cached by the previous one."""
+    count = max(1, -(-2 * L2_BYTES // max(bytes_per_set, 1)))
+    cycle = itertools.cycle([make_inputs() for _ in range(min(count, 64))])
+    return lambda: next(cycle)
+
+
+def gbps(bytes_moved: int, ms: float) -> float:
+    """GB/s for ``bytes_moved`` in ``ms`` milliseconds."""
+    return bytes_moved / ms / 1e6
+
+
+def append_rows(rows: list[dict]) -> Path:
+    """Append result rows (dicts with the same keys) to results/<gpu>.csv; returns the path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{gpu_name()}.csv"
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = [{"date": stamp, "gpu": torch.cuda.get_device_name(), **row} for row in rows]
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def print_rows(rows: list[dict]) -> None:
+    """Print result rows as an aligned table."""
+    if not rows:
+        return
+    keys = list(rows[0])
+    cells = [[str(row[k]) for k in keys] for row in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    print("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
+    for c in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(c, widths)))

@@ -115,3 +115,11 @@ def test_cuda_is_picked_automatically_on_gpu(dtype):
     x = random_tensor((1000,), dtype, "cuda")
     fusedops.quick_gelu(x)
     assert fusedops.dispatch.last_used["quick_gelu"] == "cuda"
+
+
+def test_torch_export_keeps_the_custom_op():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), fusedops.nn.QuickGELU())
+    x = random_tensor((2, 4), torch.float32, "cpu")
+    exported = torch.export.export(model, (x,))
+    assert "fusedops.quick_gelu" in str(exported.graph)
+    assert_close(exported.module()(x), model(x).double())

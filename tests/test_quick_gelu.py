@@ -123,3 +123,25 @@ def test_torch_export_keeps_the_custom_op():
     exported = torch.export.export(model, (x,))
     assert "fusedops.quick_gelu" in str(exported.graph)
     assert_close(exported.module()(x), model(x).double())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_storage_offset(backend, dtype):
+    """A contiguous view starting one element into its storage (not 16-byte aligned): the CUDA
+    kernel's scalar path instead of its 16-byte vector path."""
+    x = random_tensor((1 + 1029,), dtype, DEVICE)[1:].requires_grad_()
+    grad = random_tensor((1 + 1029,), dtype, DEVICE)[1:]
+    y = fusedops.quick_gelu(x, backend=backend)
+    y.backward(grad)
+    y_ref, dx_ref = _expected(x.detach().double(), grad.double())
+    assert_close(y, y_ref)
+    assert_close(x.grad, dx_ref)
+
+
+@pytest.mark.gpu
+def test_cuda_extension_builds_and_registers_ops():
+    from fusedops.kernels.cuda import build
+
+    assert build.unavailable_reason() is None
+    assert hasattr(torch.ops.fusedops_cuda, "quick_gelu_forward")

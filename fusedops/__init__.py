@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 
 _ATTRIBUTES = {
     "quick_gelu": "fusedops.ops.quick_gelu",
+    "layer_norm": "fusedops.ops.layer_norm",
+    "rms_norm": "fusedops.ops.layer_norm",
     "use_backend": "fusedops.dispatch",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",

@@ -1,5 +1,6 @@
 """Drop-in modules: subclasses of the torch modules they replace, running fused ops."""
 
+from fusedops.nn.layer_norm import LayerNorm, RMSNorm
 from fusedops.nn.quick_gelu import QuickGELU
 
-__all__ = ["QuickGELU"]
+__all__ = ["LayerNorm", "QuickGELU", "RMSNorm"]

@@ -1,0 +1,131 @@
+"""LayerNorm and RMSNorm: fusedops (cuda, triton) vs torch eager vs torch.compile.
+
+M = 4096 rows, N in {512 ... 65536}, fp32 and bf16 (weight and bias in the input dtype).
+GB/s counts the bytes the op must move: forward reads x and writes y (2 passes of M*N), backward
+reads dy and x and writes dx (3 passes); "both" is forward then backward (5 passes). Parameters,
+statistics and the partial rows of dweight/dbias are not counted. % is of this device's measured
+copy bandwidth. Run: ``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|all]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from common import (
+    append_rows,
+    copy_bandwidth_gbps,
+    gbps,
+    median_ms,
+    print_rows,
+    require_cuda,
+    rotating,
+)
+
+M = 4096
+SIZES = [512, 768, 1024, 2048, 4096, 8192, 16384, 65536]
+DTYPES = [torch.float32, torch.bfloat16]
+PASSES = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+
+
+def eager(op: str):
+    """torch's own op: (x, w, b) -> y."""
+    if op == "layer_norm":
+        return lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b)
+    return lambda x, w, b: F.rms_norm(x, x.shape[-1:], w)
+
+
+def fused(op: str, backend: str):
+    import fusedops
+
+    if op == "layer_norm":
+        return lambda x, w, b: fusedops.layer_norm(x, x.shape[-1], w, b, backend=backend)
+    return lambda x, w, b: fusedops.rms_norm(x, x.shape[-1], w, backend=backend)
+
+
+def providers(op: str) -> dict:
+    return {
+        "fusedops-cuda": fused(op, "cuda"),
+        "fusedops-triton": fused(op, "triton"),
+        "torch-eager": eager(op),
+        "torch-compile": torch.compile(eager(op)),
+    }
+
+
+def time_directions(fn, inputs) -> dict[str, float]:
+    """Median ms of the forward, the backward alone (graph kept) and forward + backward."""
+
+    def forward():
+        x, w, b, _ = inputs()
+        return fn(x, w, b)
+
+    def both():
+        x, w, b, dy = inputs()
+        torch.autograd.grad(fn(x, w, b), (x, w, b), dy, allow_unused=True)
+
+    x, w, b, dy = inputs()
+    y = fn(x, w, b)
+    # autograd.grad: fresh gradients each call, no accumulation kernels into .grad
+    backward = lambda: torch.autograd.grad(y, (x, w, b), dy, retain_graph=True, allow_unused=True)
+    return {
+        "fwd": median_ms(forward),
+        "bwd": median_ms(backward),
+        "fwd+bwd": median_ms(both),
+    }
+
+
+def make_inputs(n: int, dtype: torch.dtype):
+    def make():
+        x = torch.randn(M, n, device="cuda", dtype=dtype, requires_grad=True)
+        w = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+        b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+        dy = torch.randn(M, n, device="cuda", dtype=dtype)
+        return x, w, b, dy
+
+    size = M * n * torch.finfo(dtype).bits // 8
+    return rotating(make, 2 * size), size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=["layer_norm", "rms_norm", "all"], default="all")
+    args = parser.parse_args()
+    require_cuda("bench_layer_norm")
+    copy_bw = copy_bandwidth_gbps()
+    print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
+    ops = ["layer_norm", "rms_norm"] if args.op == "all" else [args.op]
+    rows = []
+    for op in ops:
+        for dtype in DTYPES:
+            for n in SIZES:
+                inputs, size = make_inputs(n, dtype)
+                for name, fn in providers(op).items():
+                    try:
+                        times = time_directions(fn, inputs)
+                    except Exception as exc:  # a provider that cannot run is reported, not fatal
+                        print(f"{op} {name} {dtype} N={n}: skipped ({type(exc).__name__}: {exc})")
+                        continue
+                    for direction, ms in times.items():
+                        rate = gbps(PASSES[direction] * size, ms)
+                        rows.append(
+                            {
+                                "op": op,
+                                "provider": name,
+                                "dtype": str(dtype).removeprefix("torch."),
+                                "M": M,
+                                "N": n,
+                                "direction": direction,
+                                "ms": f"{ms:.4f}",
+                                "GB/s": f"{rate:.0f}",
+                                "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                            }
+                        )
+                torch.cuda.empty_cache()
+    print_rows(rows)
+    if rows:
+        print(f"appended to {append_rows(rows)}")
+
+
+if __name__ == "__main__":
+    main()

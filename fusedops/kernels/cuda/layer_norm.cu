@@ -1,0 +1,456 @@
+// LayerNorm and RMSNorm forward and backward, the same algorithm as kernels/triton/layer_norm.py.
+//
+// x is (rows, cols) contiguous; weight and bias are fp32 (the Python side converts them), or
+// null when absent. Statistics in fp32; lanes past the end of a row hold 0 before every
+// reduction. mean (LayerNorm only) and rstd are saved in fp32.
+//
+// Register path (cols <= min(max_register_cols, kMaxRegisterCols)): a row is held in registers,
+//   kVpt values per thread; a warp per row (8 rows per block) for cols <= 1024, otherwise the
+//   whole 256-thread block per row. Mean and variance in two passes over registers.
+// Looped path: a block per row; pass 1 accumulates shifted sums (shift = the row's first element),
+//   pass 2 normalises.
+// Backward: dx = (g - (xhat * c1 + c2)) * rstd, g = dy * w, c1 = mean(xhat * g), c2 = mean(g)
+//   (RMSNorm: c2 = 0). dweight/dbias in two deterministic stages: each block writes one fp32
+//   partial row (blocks = partial rows, chosen by the caller), then column_sum_kernel adds the
+//   partial rows in order. No atomics: the same bits on every run.
+//   Register path: block b takes rows b, b + blocks, ... per row slot; the row slots of a block
+//   are added in slot order through shared memory. Looped path: row_coeffs_kernel gives c1, c2
+//   per row, then backward_columns_kernel (grid: column chunks x row groups) writes dx and the
+//   partial rows.
+#include <cstdint>
+
+#include "device.cuh"
+
+namespace fusedops {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+constexpr int kMaxVpt = 32;
+constexpr int kMaxRegisterCols = kThreads * kMaxVpt;  // 8192
+constexpr int kWarpRowMaxCols = kWarp * kMaxVpt;      // 1024
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// Sum of v over the threads of one row: a warp (kRowWarps == 1) or the whole block
+// (kRowWarps == kWarpsPerBlock; every thread of the block must call it).
+template <int kRowWarps>
+__device__ __forceinline__ float row_sum(float v, float* shared /* kWarpsPerBlock floats */) {
+  v = warp_sum(v);
+  if constexpr (kRowWarps == 1) {
+    return v;
+  } else {
+    static_assert(kRowWarps == kWarpsPerBlock, "a row is a warp or the whole block");
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    __syncthreads();  // earlier readers of `shared` are done
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowWarps; ++w) total += shared[w];
+    return total;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+template <typename T, int kRowWarps, int kVpt>
+__global__ void __launch_bounds__(kThreads)
+    forward_register_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                            const float* __restrict__ bias, T* __restrict__ y,
+                            float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                            int64_t rows, int cols, float eps, bool rms) {
+  constexpr int kRowThreads = kRowWarps * kWarp;
+  constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
+  __shared__ float shared[kWarpsPerBlock];
+  const int slot = threadIdx.x / kRowThreads;
+  const int t = threadIdx.x % kRowThreads;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + slot; row < rows;
+       row += step) {
+    const T* x_row = x + row * cols;
+    float v[kVpt];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      v[i] = j < cols ? to_float(x_row[j]) : 0.0f;
+      sum += v[i];
+    }
+    float mean = 0.0f;
+    if (!rms) mean = row_sum<kRowWarps>(sum, shared) / cols;
+    float squares = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      v[i] = j < cols ? v[i] - mean : 0.0f;
+      squares += v[i] * v[i];
+    }
+    const float var = row_sum<kRowWarps>(squares, shared) / cols;
+    const float rstd = 1.0f / sqrtf(var + eps);
+    if (t == 0) {
+      if (!rms) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    T* y_row = y + row * cols;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      if (j < cols) {
+        float out = v[i] * rstd;
+        if (weight != nullptr) out *= weight[j];
+        if (bias != nullptr) out += bias[j];
+        y_row[j] = from_float<T>(out);
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    forward_loop_kernel(const T* __restrict__ x, const float* __restrict__ weight,
+                        const float* __restrict__ bias, T* __restrict__ y,
+                        float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
+                        int cols, float eps, bool rms) {
+  __shared__ float shared[kWarpsPerBlock];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x_row = x + row * cols;
+    const float shift = rms ? 0.0f : to_float(x_row[0]);
+    float s1 = 0.0f;
+    float s2 = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += kThreads) {
+      const float d = to_float(x_row[j]) - shift;
+      s1 += d;
+      s2 += d * d;
+    }
+    const float m1 = row_sum<kWarpsPerBlock>(s1, shared) / cols;
+    const float m2 = row_sum<kWarpsPerBlock>(s2, shared) / cols;
+    const float mean = rms ? 0.0f : shift + m1;
+    const float var = rms ? m2 : fmaxf(m2 - m1 * m1, 0.0f);
+    const float rstd = 1.0f / sqrtf(var + eps);
+    if (threadIdx.x == 0) {
+      if (!rms) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    T* y_row = y + row * cols;
+    for (int j = threadIdx.x; j < cols; j += kThreads) {
+      float out = (to_float(x_row[j]) - mean) * rstd;
+      if (weight != nullptr) out *= weight[j];
+      if (bias != nullptr) out += bias[j];
+      y_row[j] = from_float<T>(out);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+// Writes partial[blockIdx.x, :] = the sum of the block's row slots' accumulators, slot by slot
+// in order (through shared memory when the block holds several rows). Every thread calls it.
+template <int kRowWarps, int kVpt>
+__device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* partial,
+                                              float* slot_partial, int slot, int t, int cols) {
+  constexpr int kRowThreads = kRowWarps * kWarp;
+  constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
+  constexpr int kRowValues = kRowThreads * kVpt;
+  float* partial_row = partial + static_cast<int64_t>(blockIdx.x) * cols;
+  if constexpr (kRowsPerBlock == 1) {
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      if (j < cols) partial_row[j] = acc[i];
+    }
+  } else {
+    __syncthreads();  // slot_partial is free (an earlier call is done reading it)
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) slot_partial[slot * kRowValues + i * kRowThreads + t] = acc[i];
+    __syncthreads();
+    for (int j = threadIdx.x; j < cols; j += kThreads) {
+      float total = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kRowsPerBlock; ++s) total += slot_partial[s * kRowValues + j];
+      partial_row[j] = total;
+    }
+  }
+}
+
+template <typename T, int kRowWarps, int kVpt>
+__global__ void __launch_bounds__(kThreads)
+    backward_register_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                             const float* __restrict__ weight, const float* __restrict__ mean,
+                             const float* __restrict__ rstd, T* __restrict__ dx,
+                             float* __restrict__ dw_partial, float* __restrict__ db_partial,
+                             int64_t rows, int cols, bool rms) {
+  constexpr int kRowThreads = kRowWarps * kWarp;
+  constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
+  constexpr int kRowValues = kRowThreads * kVpt;
+  __shared__ float shared[kWarpsPerBlock];
+  // Per-slot partial rows of a block, added in slot order (only when a block holds several rows).
+  __shared__ float slot_partial[kRowsPerBlock > 1 ? kRowsPerBlock * kRowValues : 1];
+  const int slot = threadIdx.x / kRowThreads;
+  const int t = threadIdx.x % kRowThreads;
+  float dw_acc[kVpt];
+  float db_acc[kVpt];
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    dw_acc[i] = 0.0f;
+    db_acc[i] = 0.0f;
+  }
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + slot; row < rows;
+       row += step) {
+    const float mu = rms ? 0.0f : mean[row];
+    const float rs = rstd[row];
+    const T* x_row = x + row * cols;
+    const T* dy_row = dy + row * cols;
+    float xhat[kVpt];
+    float g[kVpt];
+    float s1 = 0.0f;
+    float s2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      xhat[i] = 0.0f;
+      g[i] = 0.0f;
+      if (j < cols) {
+        const float d = to_float(dy_row[j]);
+        xhat[i] = (to_float(x_row[j]) - mu) * rs;
+        g[i] = weight != nullptr ? d * weight[j] : d;
+        dw_acc[i] += d * xhat[i];
+        db_acc[i] += d;
+      }
+      s1 += xhat[i] * g[i];
+      s2 += g[i];
+    }
+    const float c1 = row_sum<kRowWarps>(s1, shared) / cols;
+    const float c2 = rms ? 0.0f : row_sum<kRowWarps>(s2, shared) / cols;
+    T* dx_row = dx + row * cols;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      const int j = i * kRowThreads + t;
+      if (j < cols) dx_row[j] = from_float<T>((g[i] - (xhat[i] * c1 + c2)) * rs);
+    }
+  }
+  // One partial row per block: partial[blockIdx.x, :].
+  if (dw_partial != nullptr) {  // uniform across the block
+    write_partial<kRowWarps, kVpt>(dw_acc, dw_partial, slot_partial, slot, t, cols);
+  }
+  if (db_partial != nullptr) {
+    write_partial<kRowWarps, kVpt>(db_acc, db_partial, slot_partial, slot, t, cols);
+  }
+}
+
+// c[row] = mean(xhat * g), c[rows + row] = mean(g) (0 for RMSNorm): a block per row.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    row_coeffs_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                      const float* __restrict__ weight, const float* __restrict__ mean,
+                      const float* __restrict__ rstd, float* __restrict__ coeffs, int64_t rows,
+                      int cols, bool rms) {
+  __shared__ float shared[kWarpsPerBlock];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float mu = rms ? 0.0f : mean[row];
+    const float rs = rstd[row];
+    const T* x_row = x + row * cols;
+    const T* dy_row = dy + row * cols;
+    float s1 = 0.0f;
+    float s2 = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += kThreads) {
+      const float d = to_float(dy_row[j]);
+      const float xhat = (to_float(x_row[j]) - mu) * rs;
+      const float g = weight != nullptr ? d * weight[j] : d;
+      s1 += xhat * g;
+      s2 += g;
+    }
+    const float c1 = row_sum<kWarpsPerBlock>(s1, shared) / cols;
+    const float c2 = rms ? 0.0f : row_sum<kWarpsPerBlock>(s2, shared) / cols;
+    if (threadIdx.x == 0) {
+      coeffs[row] = c1;
+      coeffs[rows + row] = c2;
+    }
+  }
+}
+
+// Grid (column chunks of kThreads, row groups): thread j of group b handles column j of rows
+// b, b + groups, ...; writes dx and partial[b, j].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                            const float* __restrict__ weight, const float* __restrict__ mean,
+                            const float* __restrict__ rstd, const float* __restrict__ coeffs,
+                            T* __restrict__ dx, float* __restrict__ dw_partial,
+                            float* __restrict__ db_partial, int64_t rows, int cols, bool rms) {
+  const int j = blockIdx.x * kThreads + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t group = blockIdx.y;
+  const int64_t groups = gridDim.y;
+  const float w = weight != nullptr ? weight[j] : 1.0f;
+  float dw_acc = 0.0f;
+  float db_acc = 0.0f;
+  for (int64_t row = group; row < rows; row += groups) {
+    const int64_t offset = row * cols + j;
+    const float d = to_float(dy[offset]);
+    const float rs = rstd[row];
+    const float mu = rms ? 0.0f : mean[row];
+    const float xhat = (to_float(x[offset]) - mu) * rs;
+    const float g = d * w;
+    dx[offset] = from_float<T>((g - (xhat * coeffs[row] + coeffs[rows + row])) * rs);
+    dw_acc += d * xhat;
+    db_acc += d;
+  }
+  if (dw_partial != nullptr) dw_partial[group * cols + j] = dw_acc;
+  if (db_partial != nullptr) db_partial[group * cols + j] = db_acc;
+}
+
+// out[j] = sum over p = 0 .. partial_rows - 1 of partial[p, j], in order.
+__global__ void __launch_bounds__(kThreads)
+    column_sum_kernel(const float* __restrict__ partial, float* __restrict__ out,
+                      int64_t partial_rows, int cols) {
+  const int j = blockIdx.x * kThreads + threadIdx.x;
+  if (j >= cols) return;
+  float total = 0.0f;
+  for (int64_t p = 0; p < partial_rows; ++p) total += partial[p * cols + j];
+  out[j] = total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch helpers
+
+bool use_register_path(int64_t cols, int64_t max_register_cols) {
+  return cols <= max_register_cols && cols <= kMaxRegisterCols;
+}
+
+// Values per thread: the smallest power of two with kRowThreads * kVpt >= cols.
+int values_per_thread(int64_t cols, int row_threads) {
+  int vpt = 1;
+  while (static_cast<int64_t>(vpt) * row_threads < cols) vpt *= 2;
+  return vpt;
+}
+
+// Runs BODY with constexpr kRowWarps and kVpt bound for a register-path row of `cols`.
+#define FUSEDOPS_LN_REGISTER_DISPATCH(COLS, ...)                                      \
+  do {                                                                                \
+    if ((COLS) <= kWarpRowMaxCols) {                                                  \
+      constexpr int kRowWarps = 1;                                                    \
+      switch (values_per_thread((COLS), kWarp)) {                                     \
+        case 1: { constexpr int kVpt = 1; __VA_ARGS__; } break;                       \
+        case 2: { constexpr int kVpt = 2; __VA_ARGS__; } break;                       \
+        case 4: { constexpr int kVpt = 4; __VA_ARGS__; } break;                       \
+        case 8: { constexpr int kVpt = 8; __VA_ARGS__; } break;                       \
+        case 16: { constexpr int kVpt = 16; __VA_ARGS__; } break;                     \
+        default: { constexpr int kVpt = 32; __VA_ARGS__; } break;                     \
+      }                                                                               \
+    } else {                                                                          \
+      constexpr int kRowWarps = kWarpsPerBlock;                                       \
+      switch (values_per_thread((COLS), kThreads)) {                                  \
+        case 1:                                                                       \
+        case 2:                                                                       \
+        case 4:                                                                       \
+        case 8: { constexpr int kVpt = 8; __VA_ARGS__; } break;                       \
+        case 16: { constexpr int kVpt = 16; __VA_ARGS__; } break;                     \
+        default: { constexpr int kVpt = 32; __VA_ARGS__; } break;                     \
+      }                                                                               \
+    }                                                                                 \
+  } while (0)
+
+unsigned int row_blocks(int64_t rows, int rows_per_block) {
+  return grid_blocks(rows, rows_per_block);
+}
+
+template <typename T>
+void launch_forward(const void* x, const float* weight, const float* bias, void* y, float* mean,
+                    float* rstd, int64_t rows, int cols, float eps, bool rms,
+                    int64_t max_register_cols, cudaStream_t stream) {
+  const T* tx = static_cast<const T*>(x);
+  T* ty = static_cast<T*>(y);
+  if (use_register_path(cols, max_register_cols)) {
+    FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
+      const unsigned int blocks = row_blocks(rows, kWarpsPerBlock / kRowWarps);
+      forward_register_kernel<T, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+          tx, weight, bias, ty, mean, rstd, rows, cols, eps, rms);
+    });
+  } else {
+    forward_loop_kernel<T><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+        tx, weight, bias, ty, mean, rstd, rows, cols, eps, rms);
+  }
+}
+
+template <typename T>
+void launch_backward(const void* dy, const void* x, const float* weight, const float* mean,
+                     const float* rstd, void* dx, float* dw_partial, float* db_partial,
+                     int64_t partial_rows, float* coeffs, int64_t rows, int cols, bool rms,
+                     int64_t max_register_cols, cudaStream_t stream) {
+  const T* tdy = static_cast<const T*>(dy);
+  const T* tx = static_cast<const T*>(x);
+  T* tdx = static_cast<T*>(dx);
+  const unsigned int blocks = static_cast<unsigned int>(partial_rows);
+  if (use_register_path(cols, max_register_cols)) {
+    FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
+      backward_register_kernel<T, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+          tdy, tx, weight, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms);
+    });
+  } else {
+    row_coeffs_kernel<T><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+        tdy, tx, weight, mean, rstd, coeffs, rows, cols, rms);
+    const dim3 grid((cols + kThreads - 1) / kThreads, blocks);
+    backward_columns_kernel<T><<<grid, kThreads, 0, stream>>>(
+        tdy, tx, weight, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
+  }
+}
+
+}  // namespace
+
+cudaError_t layer_norm_forward(const void* x, const float* weight, const float* bias, void* y,
+                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps,
+                               bool rms, int64_t max_register_cols, DType dtype,
+                               cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (cols <= 0 || cols > INT32_MAX || rstd == nullptr || (!rms && mean == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const int n = static_cast<int>(cols);
+  FUSEDOPS_DISPATCH_FLOAT(dtype, launch_forward<scalar_t>(x, weight, bias, y, mean, rstd, rows,
+                                                          n, eps, rms, max_register_cols,
+                                                          stream));
+  return cudaGetLastError();
+}
+
+cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weight,
+                                const float* mean, const float* rstd, void* dx,
+                                float* dw_partial, float* db_partial, int64_t partial_rows,
+                                float* dweight, float* dbias, float* coeffs, int64_t rows,
+                                int64_t cols, bool rms, int64_t max_register_cols, DType dtype,
+                                cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (cols <= 0 || cols > INT32_MAX || partial_rows < 1 || partial_rows > 65535 ||
+      partial_rows > rows || rstd == nullptr || (!rms && mean == nullptr) ||
+      (dw_partial == nullptr) != (dweight == nullptr) ||
+      (db_partial == nullptr) != (dbias == nullptr) ||
+      (!use_register_path(cols, max_register_cols) && coeffs == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const int n = static_cast<int>(cols);
+  FUSEDOPS_DISPATCH_FLOAT(dtype, launch_backward<scalar_t>(dy, x, weight, mean, rstd, dx,
+                                                           dw_partial, db_partial, partial_rows,
+                                                           coeffs, rows, n, rms,
+                                                           max_register_cols, stream));
+  const unsigned int column_blocks = static_cast<unsigned int>((n + kThreads - 1) / kThreads);
+  if (dweight != nullptr) {
+    column_sum_kernel<<<column_blocks, kThreads, 0, stream>>>(dw_partial, dweight, partial_rows, n);
+  }
+  if (dbias != nullptr) {
+    column_sum_kernel<<<column_blocks, kThreads, 0, stream>>>(db_partial, dbias, partial_rows, n);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace fusedops

@@ -1,0 +1,425 @@
+"""LayerNorm and RMSNorm Triton kernels and their launchers.
+
+Rows of ``N`` elements (x viewed as ``(M, N)``, contiguous). Statistics in fp32; padded lanes are
+zeroed before every reduction.
+
+Forward:
+- register path (``N <= MAX_FUSED_N``): a program holds ``BLOCK_M`` whole rows in registers
+  (several rows per program for small N), mean and variance in two passes over registers.
+- looped path (longer rows): one program per row; pass 1 reads the row in chunks accumulating
+  shifted sums (shift = the row's first element, against cancellation), pass 2 normalises.
+
+Backward: ``dx = (g - (xhat * c1 + c2)) * rstd`` with ``g = dy * w``, ``c1 = mean(xhat * g)``,
+``c2 = mean(g)`` (RMSNorm: ``c2 = 0``, ``xhat = x * rstd``). dweight and dbias are reduced in two
+deterministic stages: each program writes one fp32 partial row, then ``_column_sum_kernel`` adds
+the partial rows in a fixed order. No atomics: the same bits on every run.
+- register path: ``G`` programs each take row tiles ``pid, pid + G, ...``, accumulating their
+  partial row in registers.
+- looped path: ``_backward_coeffs_kernel`` gives c1, c2 per row; ``_backward_columns_kernel``
+  (programs over column chunks x G row groups) writes dx and the partial rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedops import _alloc
+
+#: Rows up to this length are held in registers; longer rows take the looped path. Read at
+#: every call, so tests lower it to check the looped path with small N.
+MAX_FUSED_N = 8192
+#: Chunk width of the looped path (a power of two).
+LOOP_BLOCK_N = 2048
+#: Elements per program in the register path (BLOCK_M * BLOCK_N, rows per program for small N).
+TILE_ELEMENTS = 4096
+#: Partial rows of the dweight/dbias reduction on a CPU (interpreter) run.
+INTERPRETER_PROGRAMS = 4
+
+
+@triton.jit
+def _forward_rows_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * N + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        tl.store(mean_ptr + rows, mean, mask=row_mask)
+    var = tl.sum(xc * xc, axis=1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    y = xc * rstd[:, None]
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _forward_loop_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * N
+    y_row = y_ptr + row * N
+    base = tl.arange(0, BLOCK_N)
+    shift = 0.0 if RMS else tl.load(x_row).to(tl.float32)
+    s1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + base
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    m1 = tl.sum(s1, axis=0) / N
+    m2 = tl.sum(s2, axis=0) / N
+    if RMS:
+        mean = 0.0
+        var = m2
+    else:
+        mean = shift + m1
+        var = tl.maximum(m2 - m1 * m1, 0.0)
+        tl.store(mean_ptr + row, mean)
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, N, BLOCK_N):
+        cols = start + base
+        mask = cols < N
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _backward_rows_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    M,
+    N,
+    tiles,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for tile in range(pid, tiles, programs):
+        # (int64 zeros + tile): 64-bit offsets whether tile is a tensor or, interpreted, an int
+        rows = (tl.zeros([BLOCK_M], dtype=tl.int64) + tile) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        offsets = rows[:, None] * N + cols[None, :]
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        if RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        g = dy * w[None, :] if HAS_WEIGHT else dy
+        c1 = tl.sum(xhat * g, axis=1) / N
+        if RMS:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(g, axis=1) / N
+            dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * xhat
+        db_acc += dy
+    partial = pid.to(tl.int64) * N + cols
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + partial, tl.sum(dw_acc, axis=0), mask=col_mask)
+    if HAS_BIAS:
+        tl.store(db_ptr + partial, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _backward_coeffs_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    c_ptr,
+    M,
+    N,
+    HAS_WEIGHT: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = tl.arange(0, BLOCK_N)
+    rstd = tl.load(rstd_ptr + row)
+    mean = 0.0 if RMS else tl.load(mean_ptr + row)
+    s1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + base
+        mask = cols < N
+        x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else dy
+        s1 += xhat * g
+        s2 += g
+    tl.store(c_ptr + row, tl.sum(s1, axis=0) / N)
+    if RMS:
+        tl.store(c_ptr + M + row, 0.0)
+    else:
+        tl.store(c_ptr + M + row, tl.sum(s2, axis=0) / N)
+
+
+@triton.jit
+def _backward_columns_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    c_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    M,
+    N,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    group = tl.program_id(1)
+    groups = tl.num_programs(1)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for row in range(group, M, groups):
+        offsets = (tl.zeros([BLOCK_N], dtype=tl.int64) + row) * N + cols
+        x = tl.load(x_ptr + offsets, mask=col_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offsets, mask=col_mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + row)
+        xhat = x * rstd if RMS else tl.where(col_mask, (x - tl.load(mean_ptr + row)) * rstd, 0.0)
+        g = dy * w if HAS_WEIGHT else dy
+        c1 = tl.load(c_ptr + row)
+        c2 = tl.load(c_ptr + M + row)
+        dx = (g - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+        dw_acc += dy * xhat
+        db_acc += dy
+    partial = group.to(tl.int64) * N + cols
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + partial, dw_acc, mask=col_mask)
+    if HAS_BIAS:
+        tl.store(db_ptr + partial, db_acc, mask=col_mask)
+
+
+@triton.jit
+def _column_sum_kernel(partial_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_mask[None, :]
+        offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+        acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    total = tl.sum(acc, axis=0)
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+
+
+# ------------------------------------------------------------------------------------------
+# Launchers
+
+
+def _register_tile(N: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the register path for rows of N elements."""
+    block_n = triton.next_power_of_2(N)
+    block_m = max(1, min(16, TILE_ELEMENTS // block_n))
+    num_warps = max(1, min(8, block_m * block_n // 256))
+    return block_m, block_n, num_warps
+
+
+def _max_programs(device: torch.device) -> int:
+    """How many partial rows (programs) the dweight/dbias reduction uses at most."""
+    if device.type == "cuda":
+        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_PROGRAMS
+
+
+def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Sum of ``partial`` (P, N) fp32 over its rows, in a fixed order, as a (N,) ``dtype``."""
+    P, N = partial.shape
+    out = _alloc.empty((N,), dtype=dtype, device=partial.device)
+    block_p = min(32, triton.next_power_of_2(P))
+    block_n = min(max(128, TILE_ELEMENTS // block_p), triton.next_power_of_2(N))
+    grid = (triton.cdiv(N, block_n),)
+    _column_sum_kernel[grid](partial, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def _forward(x, weight, bias, eps: float, rms: bool):
+    M, N = x.shape
+    y = _alloc.empty_like(x)
+    mean = _alloc.empty((0 if rms else M,), dtype=torch.float32, device=x.device)
+    rstd = _alloc.empty((M,), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return y, mean, rstd
+    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, RMS=rms)
+    w = weight if weight is not None else x
+    b = bias if bias is not None else x
+    m = mean if not rms else rstd
+    if N <= MAX_FUSED_N:
+        block_m, block_n, warps = _register_tile(N)
+        grid = (triton.cdiv(M, block_m),)
+        _forward_rows_kernel[grid](
+            x,
+            w,
+            b,
+            y,
+            m,
+            rstd,
+            M,
+            N,
+            eps,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=warps,
+            **flags,
+        )
+    else:
+        _forward_loop_kernel[(M,)](
+            x, w, b, y, m, rstd, M, N, eps, BLOCK_N=LOOP_BLOCK_N, num_warps=8, **flags
+        )
+    return y, mean, rstd
+
+
+def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
+    M, N = x.shape
+    dx = _alloc.empty_like(x)
+    has_weight, has_bias = weight is not None, bias is not None
+    dweight = dbias = None
+    if M == 0:
+        if has_weight:
+            dweight = torch.zeros((N,), dtype=weight.dtype, device=x.device)
+        if has_bias:
+            dbias = torch.zeros((N,), dtype=bias.dtype, device=x.device)
+        return dx, dweight, dbias
+    flags = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, RMS=rms)
+    w = weight if has_weight else x
+    m = mean if not rms else rstd
+    if N <= MAX_FUSED_N:
+        block_m, block_n, warps = _register_tile(N)
+        tiles = triton.cdiv(M, block_m)
+        programs = min(tiles, _max_programs(x.device))
+    else:
+        programs = min(M, _max_programs(x.device))
+    f32 = dict(dtype=torch.float32, device=x.device)
+    # one fp32 partial row per program; an absent parameter's pointer is a dummy never touched
+    dw_partial = _alloc.empty((programs, N), **f32) if has_weight else dx
+    db_partial = _alloc.empty((programs, N), **f32) if has_bias else dx
+    if N <= MAX_FUSED_N:
+        _backward_rows_kernel[(programs,)](
+            dy, x, w, m, rstd, dx, dw_partial, db_partial, M, N, tiles,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **flags,
+        )  # fmt: skip
+    else:
+        coeffs = _alloc.empty((2, M), **f32)
+        _backward_coeffs_kernel[(M,)](
+            dy, x, w, m, rstd, coeffs, M, N,
+            HAS_WEIGHT=has_weight, RMS=rms, BLOCK_N=LOOP_BLOCK_N, num_warps=8,
+        )  # fmt: skip
+        block_n = min(LOOP_BLOCK_N, 1024)
+        grid = (triton.cdiv(N, block_n), programs)
+        _backward_columns_kernel[grid](
+            dy, x, w, m, rstd, coeffs, dx, dw_partial, db_partial, M, N,
+            BLOCK_N=block_n, num_warps=4, **flags,
+        )  # fmt: skip
+    if has_weight:
+        dweight = _column_sum(dw_partial, weight.dtype)
+    if has_bias:
+        dbias = _column_sum(db_partial, bias.dtype)
+    return dx, dweight, dbias
+
+
+def layer_norm_forward(x, weight, bias, eps: float):
+    """LayerNorm of the rows of x (M, N) contiguous fp16/bf16/fp32; weight, bias: (N,) or None
+    (any float dtype). Returns y (M, N) in x's dtype, mean (M,) fp32, rstd (M,) fp32."""
+    return _forward(x, weight, bias, eps, rms=False)
+
+
+def layer_norm_backward(dy, x, weight, bias, mean, rstd):
+    """dx (like x), dweight (like weight, or None), dbias (like bias, or None)."""
+    return _backward(dy, x, weight, bias, mean, rstd, rms=False)
+
+
+def rms_norm_forward(x, weight, eps: float):
+    """RMSNorm of the rows of x (M, N); weight (N,) or None. Returns y, rstd (M,) fp32."""
+    y, _, rstd = _forward(x, weight, None, eps, rms=True)
+    return y, rstd
+
+
+def rms_norm_backward(dy, x, weight, rstd):
+    """dx (like x) and dweight (like weight, or None)."""
+    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, rms=True)
+    return dx, dweight

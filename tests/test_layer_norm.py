@@ -1,0 +1,355 @@
+"""LayerNorm and RMSNorm against torch's float64 functions, every backend available here.
+
+The oracle is ``torch.nn.functional.layer_norm`` / ``rms_norm`` in float64 (with autograd for
+dx, dweight, dbias), independent of fusedops' own reference (which is one of the backends checked).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    non_contiguous,
+    random_tensor,
+)
+
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
+KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+OPS = ["layer_norm", "rms_norm"]
+EPS = 1e-5
+
+
+def _params(op, shape, dtype, affine):
+    """(weight, bias) of ``shape``: affine is "none", "weight", "bias" or "both"."""
+    weight = random_tensor(shape, dtype, DEVICE) if affine in ("weight", "both") else None
+    bias = None
+    if op == "layer_norm" and affine in ("bias", "both"):
+        bias = random_tensor(shape, dtype, DEVICE)
+    return weight, bias
+
+
+def _leaf(t):
+    return None if t is None else t.detach().clone().requires_grad_()
+
+
+def _call(op, x, shape, weight, bias, backend, eps=EPS):
+    if op == "layer_norm":
+        return fusedops.layer_norm(x, shape, weight, bias, eps, backend=backend)
+    return fusedops.rms_norm(x, shape, weight, eps, backend=backend)
+
+
+def _run(op, x, shape, weight, bias, grad, backend, eps=EPS):
+    """Forward and backward through fusedops: (y, dx, dweight, dbias)."""
+    x, weight, bias = _leaf(x), _leaf(weight), _leaf(bias)
+    y = _call(op, x, shape, weight, bias, backend, eps)
+    y.backward(grad)
+    return y, x.grad, *(None if p is None else p.grad for p in (weight, bias))
+
+
+def _oracle(op, x, shape, weight, bias, grad, eps=EPS):
+    """The same in float64 through torch.nn.functional."""
+    x64 = x.detach().double().requires_grad_()
+    w64, b64 = (None if p is None else p.detach().double().requires_grad_() for p in (weight, bias))
+    if op == "layer_norm":
+        y = F.layer_norm(x64, shape, w64, b64, eps)
+    else:
+        y = F.rms_norm(x64, shape, w64, eps)
+    y.backward(grad.double())
+    return y, x64.grad, *(None if p is None else p.grad for p in (w64, b64))
+
+
+def _check(actual, expected, x_dtype, weight, bias):
+    y, dx, dweight, dbias = actual
+    y_ref, dx_ref, dweight_ref, dbias_ref = expected
+    assert y.dtype == x_dtype and dx.dtype == x_dtype
+    assert_close(y, y_ref, msg="forward")
+    assert_close(dx, dx_ref, msg="dx")
+    if weight is None:
+        assert dweight is None
+    else:
+        assert dweight.dtype == weight.dtype
+        assert_close(dweight, dweight_ref, msg="dweight")
+    if bias is None:
+        assert dbias is None
+    else:
+        assert dbias.dtype == bias.dtype
+        assert_close(dbias, dbias_ref, msg="dbias")
+
+
+def _case(op, lead, normalized, dtype, affine, backend, weight_dtype=None, eps=EPS):
+    x = random_tensor((*lead, *normalized), dtype, DEVICE)
+    grad = random_tensor(x.shape, dtype, DEVICE)
+    weight, bias = _params(op, normalized, weight_dtype or dtype, affine)
+    actual = _run(op, x, normalized, weight, bias, grad, backend, eps)
+    _check(actual, _oracle(op, x, normalized, weight, bias, grad, eps), dtype, weight, bias)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 64, 1000, 1023, 4096, 5000])
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("op", OPS)
+def test_rows_match_float64(op, affine, n, dtype, backend):
+    _case(op, (3, 5), (n,), dtype, affine, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("lead", "normalized"),
+    [((0,), (8,)), ((), (9,)), ((1,), (33,)), ((2, 3), (17,)), ((2, 1, 3), (5,)), ((4,), (6, 5))],
+)
+@pytest.mark.parametrize("op", OPS)
+def test_leading_and_normalized_dims(op, lead, normalized, dtype, backend):
+    _case(op, lead, normalized, dtype, "both", backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("affine", ["weight", "bias"])
+def test_layer_norm_weight_or_bias_alone(affine, backend):
+    _case("layer_norm", (6,), (40,), torch.float32, affine, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", OPS)
+def test_fp32_parameters_with_half_input(op, dtype, backend):
+    """As under autocast: output in x's dtype, dweight/dbias in fp32."""
+    _case(op, (4, 3), (100,), dtype, "both", backend, weight_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_under_autocast_output_keeps_the_input_dtype(backend):
+    linear = torch.nn.Linear(16, 16).to(DEVICE)
+    norm = fusedops.nn.LayerNorm(16).to(DEVICE)
+    x = random_tensor((4, 16), torch.float32, DEVICE)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16), fusedops.use_backend(backend):
+        h = linear(x)
+        y = norm(h)
+        y.float().sum().backward()
+    assert h.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
+    assert norm.weight.grad.dtype == torch.float32 and norm.bias.grad.dtype == torch.float32
+    expected = F.layer_norm(h.double(), (16,), norm.weight.double(), norm.bias.double())
+    assert_close(y, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", OPS)
+def test_non_contiguous_input(op, backend):
+    base = random_tensor((6, 33), torch.float32, DEVICE)
+    x = non_contiguous(base)
+    assert not x.is_contiguous()
+    grad = non_contiguous(random_tensor((6, 33), torch.float32, DEVICE))
+    weight, bias = _params(op, (33,), torch.float32, "both")
+    actual = _run(op, x, (33,), weight, bias, grad, backend)
+    _check(actual, _oracle(op, base, (33,), weight, bias, grad), torch.float32, weight, bias)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rms_norm_default_eps_is_finfo_eps(backend):
+    x = random_tensor((4, 16), torch.bfloat16, DEVICE) * 1e-2  # eps matters for small values
+    y = fusedops.rms_norm(x, (16,), backend=backend)
+    expected = F.rms_norm(x.double(), (16,), eps=torch.finfo(torch.bfloat16).eps)
+    assert_close(y, expected)
+
+
+def _force_looped(monkeypatch, backend):
+    if backend == "triton":
+        from fusedops.kernels.triton import layer_norm as kernels
+
+        monkeypatch.setattr(kernels, "MAX_FUSED_N", 32)
+        monkeypatch.setattr(kernels, "LOOP_BLOCK_N", 32)
+    else:
+        from fusedops.kernels.cuda import layer_norm as kernels
+
+        monkeypatch.setattr(kernels, "MAX_REGISTER_N", 32)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [33, 100, 257])
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("op", OPS)
+def test_looped_path_matches_float64(monkeypatch, op, affine, n, dtype, backend):
+    """Rows longer than the register threshold (lowered here) take the looped two-pass path."""
+    _force_looped(monkeypatch, backend)
+    _case(op, (5,), (n,), dtype, affine, backend)
+
+
+def test_looped_path_is_taken_when_forced(monkeypatch):
+    if "triton" not in KERNEL_BACKENDS:
+        pytest.skip("needs the triton backend")
+    from fusedops.kernels.triton import layer_norm as kernels
+
+    calls = []
+    original = kernels._forward_loop_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return original[grid]
+
+    monkeypatch.setattr(kernels, "_forward_loop_kernel", Spy())
+    fusedops.layer_norm(random_tensor((2, 40), device=DEVICE), 40, backend="triton")
+    assert not calls
+    monkeypatch.setattr(kernels, "MAX_FUSED_N", 32)
+    fusedops.layer_norm(random_tensor((2, 40), device=DEVICE), 40, backend="triton")
+    assert calls == [(2,)]
+
+
+@pytest.mark.parametrize(
+    ("backend", "looped"), [(b, False) for b in BACKENDS] + [(b, True) for b in KERNEL_BACKENDS]
+)
+def test_variance_survives_a_large_offset(monkeypatch, backend, looped):
+    """Rows offset by 100 (x^2 ~ 1e4 while the variance is ~3): a one-pass E[x^2] - E[x]^2 in fp32
+    would lose ~1e-4 of the variance here; the register path's two passes and the looped path's
+    shifted sums must not. (Any fp32 mean is off by up to ~ulp(100) = 8e-6, hence scale=2.)"""
+    if looped:
+        _force_looped(monkeypatch, backend)
+    x = random_tensor((4, 300), torch.float32, DEVICE) + 100.0
+    expected = F.layer_norm(x.double(), (300,))
+    assert_close(fusedops.layer_norm(x, 300, backend=backend), expected, scale=2)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("looped", [False, True])
+@pytest.mark.parametrize("op", OPS)
+def test_bitwise_deterministic(monkeypatch, op, looped, backend):
+    # several programs (partial rows) contribute to dweight/dbias in both paths
+    rows, n = (9, 40) if looped else (45, 64)
+    if looped:
+        _force_looped(monkeypatch, backend)
+    x = random_tensor((rows, n), torch.bfloat16, DEVICE)
+    grad = random_tensor(x.shape, torch.bfloat16, DEVICE)
+    weight, bias = _params(op, (n,), torch.float32, "both")
+    first = _run(op, x, (n,), weight, bias, grad, backend)
+    second = _run(op, x, (n,), weight, bias, grad, backend)
+    for a, b in zip(first, second):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradcheck_reference(op):
+    x = random_tensor((3, 2, 5), torch.float64, "cpu").requires_grad_()
+    weight = random_tensor((2, 5), torch.float64, "cpu").requires_grad_()
+    bias = random_tensor((2, 5), torch.float64, "cpu").requires_grad_()
+    if op == "layer_norm":
+        fn = lambda x, w, b: fusedops.layer_norm(x, (2, 5), w, b, backend="reference")
+        assert torch.autograd.gradcheck(fn, (x, weight, bias))
+    else:
+        fn = lambda x, w: fusedops.rms_norm(x, (2, 5), w, 1e-6, backend="reference")
+        assert torch.autograd.gradcheck(fn, (x, weight))
+
+
+def test_torch_compile_no_graph_break():
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), fusedops.nn.LayerNorm(8), fusedops.nn.RMSNorm(8)
+    ).to(DEVICE)
+    x = random_tensor((3, 8), torch.float32, DEVICE)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    out.sum().backward()
+    assert model[1].weight.grad is not None and model[2].weight.grad is not None
+    assert_close(out, model(x).double())
+
+
+@pytest.mark.parametrize("with_params", [True, False])
+def test_opcheck(with_params):
+    x = random_tensor((3, 10), torch.float32, DEVICE).requires_grad_()
+    w = random_tensor((10,), torch.float32, DEVICE).requires_grad_() if with_params else None
+    b = random_tensor((10,), torch.float32, DEVICE).requires_grad_() if with_params else None
+    torch.library.opcheck(torch.ops.fusedops.layer_norm.default, (x, w, b, 1e-5, None))
+    torch.library.opcheck(torch.ops.fusedops.rms_norm.default, (x, w, 1e-5, None))
+    xd = x.detach()
+    y, mean, rstd = torch.ops.fusedops.layer_norm(xd, w, b, 1e-5, None)
+    dy = random_tensor(y.shape, torch.float32, DEVICE)
+    wd, bd = (None if p is None else p.detach() for p in (w, b))
+    torch.library.opcheck(
+        torch.ops.fusedops.layer_norm_backward.default, (dy, xd, wd, bd, mean, rstd, None)
+    )
+    _, rstd = torch.ops.fusedops.rms_norm(xd, wd, 1e-5, None)
+    torch.library.opcheck(torch.ops.fusedops.rms_norm_backward.default, (dy, xd, wd, rstd, None))
+
+
+def test_torch_export_keeps_the_custom_ops():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), fusedops.nn.LayerNorm(4))
+    x = random_tensor((2, 4), torch.float32, "cpu")
+    exported = torch.export.export(model, (x,))
+    assert "fusedops.layer_norm" in str(exported.graph)
+    assert_close(exported.module()(x), model(x).double())
+
+
+BAD_INPUTS = [
+    ({"normalized_shape": (4,)}, ValueError, r"normalized_shape \[4\] does not match"),
+    ({"normalized_shape": (2, 5)}, ValueError, "normalized_shape .* trailing dims of x"),
+    ({"normalized_shape": ()}, ValueError, "normalized_shape"),
+    ({"normalized_shape": "5"}, TypeError, "normalized_shape must be"),
+    ({"weight": torch.ones(4)}, ValueError, r"weight has shape \[4\]"),
+    ({"bias": torch.ones(5, 1)}, ValueError, r"bias has shape \[5, 1\]"),
+    ({"weight": torch.ones(5, device="meta")}, ValueError, "weight is on meta but x is on"),
+    ({"x": torch.ones(3, 5, dtype=torch.int64)}, TypeError, "x has dtype torch.int64"),
+    ({"weight": torch.ones(5, dtype=torch.int32)}, TypeError, "weight has dtype torch.int32"),
+    ({"x": [[1.0] * 5]}, TypeError, "x must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "kwargs", "error", "match"),
+    [
+        (op, *case)
+        for op in OPS
+        for case in BAD_INPUTS
+        if op == "layer_norm" or "bias" not in case[0]
+    ],
+)
+def test_bad_inputs_name_the_argument(op, kwargs, error, match):
+    args = {"x": torch.ones(3, 5), "normalized_shape": (5,), "weight": None}
+    if op == "layer_norm":
+        args["bias"] = None
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        getattr(fusedops, op)(**args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal message")
+def test_forced_cuda_on_cpu_lists_reasons():
+    with pytest.raises(fusedops.BackendUnavailableError, match="layer_norm.*cuda"):
+        fusedops.layer_norm(torch.ones(2, 3), 3, backend="cuda")
+
+
+def test_float64_takes_the_reference_and_kernels_refuse_it():
+    x = random_tensor((2, 6), torch.float64, "cpu")
+    fusedops.layer_norm(x, 6)
+    assert fusedops.dispatch.last_used["layer_norm"] == "reference"
+    if "triton" in KERNEL_BACKENDS:
+        with pytest.raises(fusedops.BackendUnavailableError, match="dtype torch.float64"):
+            fusedops.layer_norm(x, 6, backend="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_is_picked_automatically_on_gpu(op, dtype):
+    x = random_tensor((10, 1000), dtype, "cuda")
+    _call(op, x, (1000,), None, None, None)
+    assert fusedops.dispatch.last_used[op] == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("n", [8192, 8193, 65536])
+@pytest.mark.parametrize("op", OPS)
+def test_long_rows_on_gpu(op, n, backend):
+    _case(op, (40,), (n,), torch.bfloat16, "both", backend, weight_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_rows_of_65536(backend):
+    """The longest rows the benchmark uses, with the default thresholds (the looped path)."""
+    _case("layer_norm", (2,), (65536,), torch.bfloat16, "both", backend, torch.float32)

@@ -338,3 +338,92 @@ def enable_quick_gelu(classes: Iterable[Any] = (), *, gelu: bool = False) -> Non
 def disable_quick_gelu() -> None:
     """Restore the classes ``enable_quick_gelu`` replaced."""
     disable("quick_gelu")
+
+
+# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch exposes them.
+
+_TORCH_NN_NORMALIZATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.modules.normalization")
+
+
+def _norm_targets(fused: str) -> Callable[..., list[Target]]:
+    attr = fused.rpartition(":")[2]
+    make = lambda original: _resolve(fused)
+    return lambda: [Target(module, attr, make) for module in _TORCH_NN_NORMALIZATION_MODULES]
+
+
+def _norm_swap(fused: str) -> Callable[..., Any]:
+    def swap(cls, **_: Any):
+        fused_cls = _resolve(fused)
+        # Exactly the torch class (the fused class's base), not user subclasses of it.
+        return fused_cls if cls is fused_cls.__bases__[0] else None
+
+    return swap
+
+
+for _name, _fused in (
+    ("layer_norm", "fusedops.nn.layer_norm:LayerNorm"),
+    ("rms_norm", "fusedops.nn.layer_norm:RMSNorm"),
+):
+    register_hook(Hook(_name, targets=_norm_targets(_fused), module_swap=_norm_swap(_fused)))
+
+
+def enable_fused_layer_norm() -> None:
+    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules and
+    torch.nn.modules.normalization) by ``fusedops.nn.LayerNorm``; before ``import torch``, on
+    import."""
+    enable("layer_norm")
+
+
+def disable_fused_layer_norm() -> None:
+    """Restore ``torch.nn.LayerNorm``."""
+    disable("layer_norm")
+
+
+def enable_fused_rms_norm() -> None:
+    """Replace ``torch.nn.RMSNorm`` everywhere torch exposes it by ``fusedops.nn.RMSNorm``."""
+    enable("rms_norm")
+
+
+def disable_fused_rms_norm() -> None:
+    """Restore ``torch.nn.RMSNorm``."""
+    disable("rms_norm")
+
+
+# Adam / AdamW: torch.optim.Adam and torch.optim.AdamW in both places torch exposes them. The
+# fused classes subclass the originals, so isinstance checks and LR schedulers keep working.
+
+for _name, _module, _attr, _fused in (
+    ("adam", "torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam"),
+    ("adamw", "torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW"),
+):
+    register_hook(
+        Hook(
+            _name,
+            targets=lambda _module=_module, _attr=_attr, _fused=_fused: [
+                Target(module, _attr, lambda original, _fused=_fused: _resolve(_fused))
+                for module in ("torch.optim", _module)
+            ],
+        )
+    )
+
+
+def enable_fused_adam() -> None:
+    """Replace ``torch.optim.Adam`` (and ``torch.optim.adam.Adam``) by
+    ``fusedops.optim.FusedAdam``; before ``import torch``, on import."""
+    enable("adam")
+
+
+def disable_fused_adam() -> None:
+    """Restore ``torch.optim.Adam``."""
+    disable("adam")
+
+
+def enable_fused_adamw() -> None:
+    """Replace ``torch.optim.AdamW`` (and ``torch.optim.adamw.AdamW``) by
+    ``fusedops.optim.FusedAdamW``; before ``import torch``, on import."""
+    enable("adamw")
+
+
+def disable_fused_adamw() -> None:
+    """Restore ``torch.optim.AdamW``."""
+    disable("adamw")

@@ -1,6 +1,9 @@
 // The one TORCH_LIBRARY registration of the CUDA launchers: unwraps tensors, checks them,
 // takes the current stream and calls the plain-CUDA launchers declared in launchers.h.
 // Outputs are allocated by the Python side (kernels/cuda/<op>.py) and passed in.
+#include <algorithm>
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -64,14 +67,196 @@ void quick_gelu_backward(const at::Tensor& grad, const at::Tensor& x, at::Tensor
                "quick_gelu_backward");
 }
 
+// LayerNorm / RMSNorm: x (rows, cols); fp32 (cols) parameters and (rows) statistics.
+float* float_ptr(const std::optional<at::Tensor>& t, const char* name, int64_t numel,
+                 const at::Tensor& like) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->is_cuda() && t->device() == like.device(), name, " must be on ", like.device());
+  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, name, " must be float32, got ",
+                   t->scalar_type());
+  TORCH_CHECK(t->numel() == numel, name, " has ", t->numel(), " elements, expected ", numel);
+  return static_cast<float*>(t->data_ptr());
+}
+
+void layer_norm_forward(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                        const std::optional<at::Tensor>& bias, at::Tensor& y,
+                        const std::optional<at::Tensor>& mean, at::Tensor& rstd, double eps,
+                        bool rms, int64_t max_register_cols) {
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
+  check_input(x, "x", x);
+  check_input(y, "y", x);
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch(
+      fusedops::layer_norm_forward(
+          x.const_data_ptr(), float_ptr(weight, "weight", cols, x), float_ptr(bias, "bias", cols, x),
+          y.data_ptr(), float_ptr(mean, "mean", rows, x), float_ptr(rstd, "rstd", rows, x), rows,
+          cols, static_cast<float>(eps), rms, max_register_cols, dtype_of(x, "x"),
+          current_stream()),
+      "layer_norm_forward");
+}
+
+void layer_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                         const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
+                         at::Tensor& dx, const std::optional<at::Tensor>& dw_partial,
+                         const std::optional<at::Tensor>& db_partial,
+                         const std::optional<at::Tensor>& dweight,
+                         const std::optional<at::Tensor>& dbias,
+                         const std::optional<at::Tensor>& coeffs, bool rms,
+                         int64_t max_register_cols) {
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
+  check_input(x, "x", x);
+  check_input(dy, "dy", x);
+  check_input(dx, "dx", x);
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
+  int64_t partial_rows = 1;
+  for (const auto* partial : {&dw_partial, &db_partial}) {
+    if (partial->has_value()) {
+      TORCH_CHECK((*partial)->dim() == 2 && (*partial)->size(1) == cols,
+                  "partial rows must be (partial_rows, cols)");
+      partial_rows = (*partial)->size(0);
+    }
+  }
+  if (dw_partial.has_value() && db_partial.has_value()) {
+    TORCH_CHECK(dw_partial->size(0) == db_partial->size(0), "dw_partial and db_partial differ");
+  }
+  if (!dw_partial.has_value() && !db_partial.has_value()) {
+    partial_rows = std::min<int64_t>(std::max<int64_t>(rows, 1), 65535);
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch(
+      fusedops::layer_norm_backward(
+          dy.const_data_ptr(), x.const_data_ptr(), float_ptr(weight, "weight", cols, x),
+          float_ptr(mean, "mean", rows, x), float_ptr(rstd, "rstd", rows, x), dx.data_ptr(),
+          float_ptr(dw_partial, "dw_partial", partial_rows * cols, x),
+          float_ptr(db_partial, "db_partial", partial_rows * cols, x), partial_rows,
+          float_ptr(dweight, "dweight", cols, x), float_ptr(dbias, "dbias", cols, x),
+          float_ptr(coeffs, "coeffs", 2 * rows, x), rows, cols, rms, max_register_cols,
+          dtype_of(x, "x"), current_stream()),
+      "layer_norm_backward");
+}
+
+// Adam / AdamW: one group of tensors (one device, one param dtype); layout in launchers.h.
+const float* adam_scalar(const std::optional<at::Tensor>& t, const char* name,
+                         const at::Tensor& like) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->is_cuda() && t->device() == like.device(), name, " must be on ", like.device());
+  TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, name, " must be float32, got ",
+                   t->scalar_type());
+  TORCH_CHECK(t->numel() == 1, name, " must have one element, got ", t->numel());
+  return static_cast<const float*>(t->const_data_ptr());
+}
+
+std::vector<void*> adam_pointers(at::TensorList list, const char* name, at::TensorList params,
+                                 at::ScalarType dtype) {
+  TORCH_CHECK(list.size() == params.size(), name, " has ", list.size(), " tensors, expected ",
+              params.size());
+  std::vector<void*> pointers;
+  pointers.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const at::Tensor& t = list[i];
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(t.is_cuda() && t.device() == params[0].device(), name, "[", i, "] is on ",
+                t.device(), ", expected ", params[0].device());
+    TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, "[", i, "] has dtype ", t.scalar_type(),
+                     ", expected ", dtype);
+    TORCH_CHECK(t.numel() == p.numel() && t.numel() > 0, name, "[", i, "] has ", t.numel(),
+                " elements, expected ", p.numel(), " (> 0)");
+    TORCH_CHECK((t.is_contiguous() && p.is_contiguous()) ||
+                    (t.strides() == p.strides() && t.is_non_overlapping_and_dense()),
+                name, "[", i, "] must be one dense block laid out like params[", i, "]");
+    pointers.push_back(t.data_ptr());
+  }
+  return pointers;
+}
+
+void adam_step(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+               at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
+               at::TensorList masters, at::TensorList steps,
+               const std::optional<at::Tensor>& lr_tensor, double lr, double beta1, double beta2,
+               double eps, double weight_decay, bool amsgrad, bool maximize, bool decoupled,
+               const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf, int64_t chunk_size) {
+  if (params.empty()) return;
+  const at::Tensor& first = params[0];
+  const at::ScalarType param_type = first.scalar_type();
+  const DType param_dtype = dtype_of(first, "params");
+  const bool master = !masters.empty();
+  const at::ScalarType state_type = master ? at::kFloat : param_type;
+  TORCH_CHECK(chunk_size > 0, "chunk_size must be positive, got ", chunk_size);
+  std::vector<void*> param_ptrs = adam_pointers(params, "params", params, param_type);
+  std::vector<void*> grad_ptrs = adam_pointers(grads, "grads", params, param_type);
+  std::vector<void*> exp_avg_ptrs = adam_pointers(exp_avgs, "exp_avgs", params, state_type);
+  std::vector<void*> exp_avg_sq_ptrs =
+      adam_pointers(exp_avg_sqs, "exp_avg_sqs", params, state_type);
+  std::vector<void*> max_ptrs;
+  if (amsgrad) max_ptrs = adam_pointers(max_exp_avg_sqs, "max_exp_avg_sqs", params, state_type);
+  std::vector<float*> master_ptrs;
+  if (master) {
+    for (void* p : adam_pointers(masters, "masters", params, at::kFloat)) {
+      master_ptrs.push_back(static_cast<float*>(p));
+    }
+  }
+  TORCH_CHECK(steps.size() == params.size(), "steps has ", steps.size(), " tensors, expected ",
+              params.size());
+  std::vector<const float*> step_ptrs;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < params.size(); ++i) {
+    step_ptrs.push_back(adam_scalar(steps[i], "steps[i]", first));
+    sizes.push_back(params[i].numel());
+  }
+  fusedops::AdamOptions options{};
+  options.lr = static_cast<float>(lr);
+  options.lr_ptr = adam_scalar(lr_tensor, "lr_tensor", first);
+  options.beta1 = static_cast<float>(beta1);
+  options.beta2 = static_cast<float>(beta2);
+  options.eps = static_cast<float>(eps);
+  options.weight_decay = static_cast<float>(weight_decay);
+  options.amsgrad = amsgrad;
+  options.maximize = maximize;
+  options.decoupled = decoupled;
+  options.grad_scale = adam_scalar(grad_scale, "grad_scale", first);
+  options.found_inf = adam_scalar(found_inf, "found_inf", first);
+  c10::cuda::CUDAGuard guard(first.device());
+  check_launch(fusedops::adam_multi_tensor(
+                   static_cast<int64_t>(params.size()), param_ptrs.data(), grad_ptrs.data(),
+                   exp_avg_ptrs.data(), exp_avg_sq_ptrs.data(),
+                   amsgrad ? max_ptrs.data() : nullptr, master ? master_ptrs.data() : nullptr,
+                   step_ptrs.data(), sizes.data(), param_dtype,
+                   master ? DType::kFloat32 : param_dtype, options, chunk_size, current_stream()),
+               "adam_step");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusedops_cuda, m) {
   m.def("quick_gelu_forward(Tensor x, Tensor(a!) y) -> ()");
   m.def("quick_gelu_backward(Tensor grad, Tensor x, Tensor(a!) dx) -> ()");
+  m.def(
+      "layer_norm_forward(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!) y, Tensor(b!)? mean, "
+      "Tensor(c!) rstd, float eps, bool rms, int max_register_cols) -> ()");
+  m.def(
+      "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? mean, Tensor rstd, "
+      "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, Tensor(d!)? dweight, "
+      "Tensor(e!)? dbias, Tensor(f!)? coeffs, bool rms, int max_register_cols) -> ()");
+  m.def(
+      "adam_step(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
+      "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] masters, "
+      "Tensor(g!)[] steps, Tensor? lr_tensor, float lr, float beta1, float beta2, float eps, "
+      "float weight_decay, bool amsgrad, bool maximize, bool decoupled, Tensor? grad_scale, "
+      "Tensor? found_inf, int chunk_size) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
   m.impl("quick_gelu_forward", &quick_gelu_forward);
   m.impl("quick_gelu_backward", &quick_gelu_backward);
+  m.impl("layer_norm_forward", &layer_norm_forward);
+  m.impl("layer_norm_backward", &layer_norm_backward);
+  m.impl("adam_step", &adam_step);
 }

@@ -14,4 +14,41 @@ cudaError_t quick_gelu_forward(const void* x, void* y, int64_t n, DType dtype,
 cudaError_t quick_gelu_backward(const void* grad, const void* x, void* dx, int64_t n,
                                 DType dtype, cudaStream_t stream);
 
+// LayerNorm / RMSNorm (rms) over rows of `cols` elements; x, y, dy, dx contiguous (rows, cols)
+// of `dtype`; weight, bias fp32 (cols) or null; mean (rows, LayerNorm only; null for RMSNorm) and
+// rstd (rows) fp32. Rows up to min(max_register_cols, 8192) are held in registers.
+cudaError_t layer_norm_forward(const void* x, const float* weight, const float* bias, void* y,
+                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps,
+                               bool rms, int64_t max_register_cols, DType dtype,
+                               cudaStream_t stream);
+// dx, and dweight/dbias (fp32, cols; null when not wanted) summed in a fixed order from
+// partial_rows (1..min(rows, 65535)) fp32 partial rows (dw_partial/db_partial, (partial_rows,
+// cols), null exactly when dweight/dbias is). coeffs: (2, rows) fp32 workspace for long rows.
+cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weight,
+                                const float* mean, const float* rstd, void* dx,
+                                float* dw_partial, float* db_partial, int64_t partial_rows,
+                                float* dweight, float* dbias, float* coeffs, int64_t rows,
+                                int64_t cols, bool rms, int64_t max_register_cols, DType dtype,
+                                cudaStream_t stream);
+
+// Adam / AdamW multi-tensor apply (adam.cu). Host arrays of n device pointers, per tensor i:
+// params[i], grads[i] (param_dtype), exp_avgs[i], exp_avg_sqs[i] and, when options.amsgrad,
+// max_exp_avg_sqs[i] (state_dtype: param_dtype, or float32 with master weights), masters[i]
+// (float32; masters == nullptr: no master weights), steps[i] (float32 device scalar, already
+// incremented), sizes[i] > 0 elements, each tensor one dense block laid out like its param.
+struct AdamOptions {
+  float lr;               // used when lr_ptr is null
+  const float* lr_ptr;    // float32 device scalar, or null
+  float beta1, beta2, eps, weight_decay;
+  bool amsgrad, maximize, decoupled;  // decoupled: AdamW's weight decay
+  const float* grad_scale;  // float32 device scalar or null: grads are divided by it (stored)
+  const float* found_inf;   // float32 device scalar or null: nonzero -> nothing is written
+};
+cudaError_t adam_multi_tensor(int64_t n, void* const* params, void* const* grads,
+                              void* const* exp_avgs, void* const* exp_avg_sqs,
+                              void* const* max_exp_avg_sqs, float* const* masters,
+                              const float* const* steps, const int64_t* sizes, DType param_dtype,
+                              DType state_dtype, const AdamOptions& options, int64_t chunk_size,
+                              cudaStream_t stream);
+
 }  // namespace fusedops

@@ -1,0 +1,118 @@
+"""AdamW step time: fusedops (cuda, triton) vs torch foreach, torch fused=True and torch.compile
+of the foreach step, on the parameter shapes of a ViT-B/16 and of a ~1.1B-parameter LLaMA-like
+model (many small norms + large matrices), fp32 and bf16.
+
+GB/s counts the bytes a step must move: params, exp_avg and exp_avg_sq read and written, grads
+read (7 passes over the params' bytes; moments in the param dtype). Run:
+``python benchmarks/bench_adam.py [vit_b|llama_1b ...]``.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch
+from common import append_rows, copy_bandwidth_gbps, gbps, median_ms, print_rows, require_cuda
+
+DTYPES = [torch.float32, torch.bfloat16]
+PASSES = 7
+
+
+def vit_b_shapes() -> list[tuple[int, ...]]:
+    """ViT-B/16 (224px, 1000 classes): 86M parameters in 152 tensors."""
+    d, mlp = 768, 3072
+    shapes = [(d, 3, 16, 16), (d,), (1, 1, d), (1, 197, d)]
+    for _ in range(12):
+        shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,)]  # norm1, qkv, proj
+        shapes += [(d,), (d,), (mlp, d), (mlp,), (d, mlp), (d,)]  # norm2, fc1, fc2
+    return shapes + [(d,), (d,), (1000, d), (1000,)]
+
+
+def llama_1b_shapes() -> list[tuple[int, ...]]:
+    """A TinyLlama-1.1B-like list: 22 layers of attention (GQA) + SwiGLU MLP + two norms."""
+    d, kv, mlp, vocab = 2048, 256, 5632, 32000
+    shapes = [(vocab, d)]
+    for _ in range(22):
+        shapes += [(d,), (d, d), (kv, d), (kv, d), (d, d)]
+        shapes += [(d,), (mlp, d), (mlp, d), (d, mlp)]
+    return shapes + [(d,), (vocab, d)]
+
+
+MODELS = {"vit_b": vit_b_shapes, "llama_1b": llama_1b_shapes}
+
+
+def make_params(shapes, dtype) -> list[torch.nn.Parameter]:
+    params = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.randn(shape, device="cuda", dtype=dtype) * 0.02)
+        p.grad = torch.randn_like(p) * 1e-3
+        params.append(p)
+    return params
+
+
+def optimizers(params):
+    """name -> a zero-argument callable doing one optimizer step (state built on first call)."""
+    from fusedops.optim import FusedAdamW
+
+    def compiled_step():
+        opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), capturable=True)
+        return torch.compile(opt.step)
+
+    return {
+        "fusedops-cuda": lambda: FusedAdamW(params, lr=1e-3, backend="cuda").step,
+        "fusedops-triton": lambda: FusedAdamW(params, lr=1e-3, backend="triton").step,
+        "torch-foreach": lambda: torch.optim.AdamW(params, lr=1e-3, foreach=True).step,
+        "torch-fused": lambda: torch.optim.AdamW(params, lr=1e-3, fused=True).step,
+        "torch-compile": compiled_step,
+    }
+
+
+def main(argv: list[str]) -> None:
+    require_cuda("bench_adam")
+    copy_bw = copy_bandwidth_gbps()
+    print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
+    rows = []
+    for model in argv or list(MODELS):
+        shapes = MODELS[model]()
+        for dtype in DTYPES:
+            params = make_params(shapes, dtype)
+            numel = sum(p.numel() for p in params)
+            moved = PASSES * numel * params[0].element_size()
+            for name, make_step in optimizers(params).items():
+                step = None
+                try:
+                    step = make_step()
+                    step()  # builds the state (and compiles)
+                    ms = median_ms(step)
+                except Exception as exc:  # one provider failing must not hide the others
+                    print(f"{model} {dtype} {name}: failed: {type(exc).__name__}: {exc}")
+                    continue
+                finally:
+                    step = None  # frees this provider's optimizer state
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                rate = gbps(moved, ms)
+                rows.append(
+                    {
+                        "op": "adamw_step",
+                        "provider": name,
+                        "model": model,
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "tensors": len(params),
+                        "numel": numel,
+                        "ms": f"{ms:.4f}",
+                        "GB/s": f"{rate:.0f}",
+                        "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                    }
+                )
+            del params
+            gc.collect()
+            torch.cuda.empty_cache()
+    print_rows(rows)
+    if rows:
+        print(f"appended to {append_rows(rows)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,196 @@
+// Adam / AdamW multi-tensor apply (as apex's multi_tensor_apply): the tensors of a group are cut
+// into chunks of chunk_size elements; a table (a struct of pointer arrays, passed by value as a
+// kernel argument) names up to kMaxTensors tensors and kMaxBlocks chunks, one CUDA block per
+// chunk. When a table is full it is launched and refilled; a tensor whose chunks do not all fit
+// continues in slot 0 of the next table. Same math as kernels/triton/adam.py, in fp32:
+//
+//   g = grad / grad_scale (stored back);  g = -g if maximize
+//   p = p * (1 - lr * wd) if decoupled, else g = g + wd * p     (only when wd != 0)
+//   m = m + (1 - beta1) * (g - m);  v = beta2 * v + (1 - beta2) * g * g;  v = max(vmax, v)
+//   p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+//
+// step, lr (optional), grad_scale and found_inf are read on the device: no host sync. A nonzero
+// found_inf makes every block return before touching memory.
+#include <cstdint>
+
+#include "device.cuh"
+
+namespace fusedops {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kMaxTensors = 32;
+constexpr int kMaxBlocks = 320;
+
+// One launch's table. 7 pointers + a size per tensor slot, 5 bytes per block: 3648 bytes, with
+// the options below the 4 KiB kernel-argument limit of every CUDA version.
+struct AdamTable {
+  void* params[kMaxTensors];
+  void* grads[kMaxTensors];
+  void* exp_avgs[kMaxTensors];
+  void* exp_avg_sqs[kMaxTensors];
+  void* max_exp_avg_sqs[kMaxTensors];
+  float* masters[kMaxTensors];
+  const float* steps[kMaxTensors];
+  int64_t sizes[kMaxTensors];
+  int32_t block_to_chunk[kMaxBlocks];  // chunk index within its tensor (< 2^31 chunks)
+  uint8_t block_to_tensor[kMaxBlocks];
+};
+
+static_assert(sizeof(AdamTable) + sizeof(AdamOptions) + sizeof(int64_t) <= 4096,
+              "kernel arguments must fit in 4 KiB");
+static_assert(kMaxTensors <= 256, "block_to_tensor is a uint8_t");
+
+template <typename P, typename S, bool kMaster, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads)
+    adam_kernel(const AdamTable table, const AdamOptions opt, const int64_t chunk_size) {
+  if (opt.found_inf != nullptr && *opt.found_inf != 0.0f) return;
+  const int slot = table.block_to_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(table.block_to_chunk[blockIdx.x]) * chunk_size;
+  const int64_t n = table.sizes[slot];
+  const int64_t end = begin + chunk_size < n ? begin + chunk_size : n;
+
+  P* __restrict__ param = static_cast<P*>(table.params[slot]);
+  P* __restrict__ grad = static_cast<P*>(table.grads[slot]);
+  S* __restrict__ exp_avg = static_cast<S*>(table.exp_avgs[slot]);
+  S* __restrict__ exp_avg_sq = static_cast<S*>(table.exp_avg_sqs[slot]);
+  S* __restrict__ max_exp_avg_sq = kAmsgrad ? static_cast<S*>(table.max_exp_avg_sqs[slot]) : nullptr;
+  float* __restrict__ master = kMaster ? table.masters[slot] : nullptr;
+
+  const float step = *table.steps[slot];
+  const float lr = opt.lr_ptr != nullptr ? *opt.lr_ptr : opt.lr;
+  const float bias_correction1 = 1.0f - expf(step * logf(opt.beta1));
+  const float bias_correction2_sqrt = sqrtf(1.0f - expf(step * logf(opt.beta2)));
+  const float step_size = lr / bias_correction1;
+  const float grad_scale = opt.grad_scale != nullptr ? *opt.grad_scale : 1.0f;
+  const bool has_weight_decay = opt.weight_decay != 0.0f;
+
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float g = to_float(grad[i]);
+    if (opt.grad_scale != nullptr) {
+      g = g / grad_scale;
+      grad[i] = from_float<P>(g);
+    }
+    if (opt.maximize) g = -g;
+    float p = kMaster ? master[i] : to_float(param[i]);
+    if (has_weight_decay) {
+      if (opt.decoupled) {
+        p = p * (1.0f - lr * opt.weight_decay);
+      } else {
+        g = g + opt.weight_decay * p;
+      }
+    }
+    float m = to_float(exp_avg[i]);
+    float v = to_float(exp_avg_sq[i]);
+    m = m + (1.0f - opt.beta1) * (g - m);
+    v = opt.beta2 * v + (1.0f - opt.beta2) * g * g;
+    exp_avg[i] = from_float<S>(m);
+    exp_avg_sq[i] = from_float<S>(v);
+    if (kAmsgrad) {
+      v = fmaxf(to_float(max_exp_avg_sq[i]), v);
+      max_exp_avg_sq[i] = from_float<S>(v);
+    }
+    const float denom = sqrtf(v) / bias_correction2_sqrt + opt.eps;
+    p = p - step_size * (m / denom);
+    if (kMaster) master[i] = p;
+    param[i] = from_float<P>(p);
+  }
+}
+
+template <typename P, typename S, bool kMaster, bool kAmsgrad>
+cudaError_t launch_tables(int64_t n, void* const* params, void* const* grads,
+                          void* const* exp_avgs, void* const* exp_avg_sqs,
+                          void* const* max_exp_avg_sqs, float* const* masters,
+                          const float* const* steps, const int64_t* sizes,
+                          const AdamOptions& opt, int64_t chunk_size, cudaStream_t stream) {
+  AdamTable table;
+  int slot = 0;
+  int blocks = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    table.params[slot] = params[i];
+    table.grads[slot] = grads[i];
+    table.exp_avgs[slot] = exp_avgs[i];
+    table.exp_avg_sqs[slot] = exp_avg_sqs[i];
+    table.max_exp_avg_sqs[slot] = kAmsgrad ? max_exp_avg_sqs[i] : nullptr;
+    table.masters[slot] = kMaster ? masters[i] : nullptr;
+    table.steps[slot] = steps[i];
+    table.sizes[slot] = sizes[i];
+    const int64_t chunks = (sizes[i] + chunk_size - 1) / chunk_size;
+    for (int64_t c = 0; c < chunks; ++c) {
+      table.block_to_tensor[blocks] = static_cast<uint8_t>(slot);
+      table.block_to_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool tensor_done = c == chunks - 1;
+      const bool slots_full = tensor_done && slot + 1 == kMaxTensors;
+      const bool blocks_full = blocks == kMaxBlocks;
+      const bool last = tensor_done && i == n - 1;
+      if (slots_full || blocks_full || last) {
+        adam_kernel<P, S, kMaster, kAmsgrad><<<blocks, kThreads, 0, stream>>>(table, opt, chunk_size);
+        const cudaError_t status = cudaGetLastError();
+        if (status != cudaSuccess) return status;
+        blocks = 0;
+        if (tensor_done) {
+          slot = -1;  // the next tensor starts the new table at slot 0
+        } else {      // tensor i continues: its pointers move to slot 0 of the new table
+          table.params[0] = table.params[slot];
+          table.grads[0] = table.grads[slot];
+          table.exp_avgs[0] = table.exp_avgs[slot];
+          table.exp_avg_sqs[0] = table.exp_avg_sqs[slot];
+          table.max_exp_avg_sqs[0] = table.max_exp_avg_sqs[slot];
+          table.masters[0] = table.masters[slot];
+          table.steps[0] = table.steps[slot];
+          table.sizes[0] = table.sizes[slot];
+          slot = 0;
+        }
+      }
+    }
+    ++slot;
+  }
+  return cudaSuccess;
+}
+
+template <typename P, typename S>
+cudaError_t dispatch_flags(int64_t n, void* const* params, void* const* grads,
+                           void* const* exp_avgs, void* const* exp_avg_sqs,
+                           void* const* max_exp_avg_sqs, float* const* masters,
+                           const float* const* steps, const int64_t* sizes,
+                           const AdamOptions& opt, int64_t chunk_size, cudaStream_t stream) {
+  const bool master = masters != nullptr;
+#define FUSEDOPS_ADAM_LAUNCH(M, A)                                                       \
+  return launch_tables<P, S, M, A>(n, params, grads, exp_avgs, exp_avg_sqs,              \
+                                   max_exp_avg_sqs, masters, steps, sizes, opt, chunk_size, \
+                                   stream)
+  if (master && opt.amsgrad) FUSEDOPS_ADAM_LAUNCH(true, true);
+  if (master) FUSEDOPS_ADAM_LAUNCH(true, false);
+  if (opt.amsgrad) FUSEDOPS_ADAM_LAUNCH(false, true);
+  FUSEDOPS_ADAM_LAUNCH(false, false);
+#undef FUSEDOPS_ADAM_LAUNCH
+}
+
+}  // namespace
+
+cudaError_t adam_multi_tensor(int64_t n, void* const* params, void* const* grads,
+                              void* const* exp_avgs, void* const* exp_avg_sqs,
+                              void* const* max_exp_avg_sqs, float* const* masters,
+                              const float* const* steps, const int64_t* sizes, DType param_dtype,
+                              DType state_dtype, const AdamOptions& options, int64_t chunk_size,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (chunk_size <= 0 || (options.amsgrad && max_exp_avg_sqs == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (state_dtype == DType::kFloat32) {  // fp32 params, or fp16/bf16 params with fp32 state
+    FUSEDOPS_DISPATCH_FLOAT(param_dtype,
+                            return dispatch_flags<scalar_t, float>(
+                                n, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+                                masters, steps, sizes, options, chunk_size, stream));
+  }
+  if (state_dtype != param_dtype || masters != nullptr) return cudaErrorInvalidValue;
+  FUSEDOPS_DISPATCH_FLOAT(param_dtype,
+                          return dispatch_flags<scalar_t, scalar_t>(
+                              n, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters,
+                              steps, sizes, options, chunk_size, stream));
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace fusedops

@@ -1,0 +1,299 @@
+"""Adam / AdamW multi-tensor apply in Triton: one launch updates many tensors.
+
+The launcher cuts every tensor of a group into chunks of CHUNK elements and writes one int64
+*table* per launch::
+
+    table[0 * T + t] .. table[6 * T + t]   addresses of param, grad, exp_avg, exp_avg_sq,
+                                           max_exp_avg_sq, master, step of tensor slot t
+                                           (0 where the list is unused)
+    table[7 * T + t]                       numel of tensor slot t
+    table[8 * T + c], table[8 * T + C + c] tensor slot and chunk index of program c
+
+(T tensor slots, C chunks). Program c loads its row, casts the addresses with
+``tl.pointer_type`` and updates its chunk, BLOCK elements at a time, in fp32. A table holds at
+most ``max_tensors`` tensors and ``max_chunks`` chunks; while tensors remain, the next table is
+filled (a tensor whose chunks do not all fit continues in the next table) and launched.
+
+Under TRITON_INTERPRET=1 (the CPU interpreter used by the tests) loads and stores go to the raw
+host addresses, so the data_ptr tables work unchanged on CPU tensors: the interpreter runs the
+same kernel and the same tables as a GPU does (checked by tests/test_adam.py).
+
+Tables depend only on the tensors' addresses and sizes, so the last one built for a group is
+cached and reused while they stay the same (the usual case: params and state never move, and
+the caching allocator hands gradients the same blocks each step).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedops import dispatch
+
+#: Elements per chunk (one program) and per inner iteration.
+CHUNK = 65536
+BLOCK = 1024
+#: Capacity of one table (one launch).
+MAX_TENSORS = 4096
+MAX_CHUNKS = 65536
+#: Smaller chunks under the CPU interpreter: more programs, each cheap to interpret.
+INTERPRETER_CHUNK = 16384
+INTERPRETER_BLOCK = 16384
+
+_ROWS = 8  # address rows (7) + size row
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, EMULATE_RTNE: tl.constexpr):
+    """x (fp32) rounded to ``dtype`` to nearest even. The CPU interpreter truncates fp32 -> bf16
+    casts (a GPU rounds to nearest even), so there the rounding is done on the bits first and
+    the cast then only drops zero bits."""
+    if EMULATE_RTNE and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _adam_kernel(
+    table_ptr,
+    n_slots,
+    n_chunks,
+    lr,
+    lr_ptr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    grad_scale_ptr,
+    found_inf_ptr,
+    PARAM_DTYPE: tl.constexpr,
+    STATE_DTYPE: tl.constexpr,
+    AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    DECOUPLED: tl.constexpr,
+    HAS_WEIGHT_DECAY: tl.constexpr,
+    HAS_MASTER: tl.constexpr,
+    LR_ON_DEVICE: tl.constexpr,
+    HAS_GRAD_SCALE: tl.constexpr,
+    HAS_FOUND_INF: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    slot = tl.load(table_ptr + 8 * n_slots + pid)
+    chunk = tl.load(table_ptr + 8 * n_slots + n_chunks + pid)
+    param_ptr = tl.load(table_ptr + slot).to(tl.pointer_type(PARAM_DTYPE))
+    grad_ptr = tl.load(table_ptr + n_slots + slot).to(tl.pointer_type(PARAM_DTYPE))
+    exp_avg_ptr = tl.load(table_ptr + 2 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
+    exp_avg_sq_ptr = tl.load(table_ptr + 3 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
+    step_ptr = tl.load(table_ptr + 6 * n_slots + slot).to(tl.pointer_type(tl.float32))
+    numel = tl.load(table_ptr + 7 * n_slots + slot)
+
+    # Per-program scalars: everything read on the device (no host synchronisation).
+    step = tl.load(step_ptr)
+    if LR_ON_DEVICE:
+        lr = tl.load(lr_ptr)
+    bias_correction1 = 1.0 - tl.exp(step * tl.log(beta1))
+    bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
+    step_size = lr / bias_correction1
+    if HAS_MASTER:
+        master_ptr = tl.load(table_ptr + 5 * n_slots + slot).to(tl.pointer_type(tl.float32))
+    if AMSGRAD:
+        max_ptr = tl.load(table_ptr + 4 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
+    # found_inf: the chunk is empty, so nothing is read or written.
+    live = numel
+    if HAS_FOUND_INF:
+        live = tl.where(tl.load(found_inf_ptr) != 0.0, 0, numel)
+    chunk_start = chunk * CHUNK
+    chunk_len = tl.minimum(live - chunk_start, CHUNK)
+
+    for start in range(0, chunk_len, BLOCK):
+        offsets = chunk_start + start + tl.arange(0, BLOCK)
+        mask = offsets < live
+        g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GRAD_SCALE:
+            g = g / tl.load(grad_scale_ptr)
+            tl.store(grad_ptr + offsets, _round(g, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+        if MAXIMIZE:
+            g = -g
+        if HAS_MASTER:
+            p = tl.load(master_ptr + offsets, mask=mask, other=0.0)
+        else:
+            p = tl.load(param_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if HAS_WEIGHT_DECAY:
+            if DECOUPLED:
+                p = p * (1.0 - lr * weight_decay)
+            else:
+                g = g + weight_decay * p
+        m = tl.load(exp_avg_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(exp_avg_sq_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        m = m + (1.0 - beta1) * (g - m)
+        v = beta2 * v + (1.0 - beta2) * g * g
+        tl.store(exp_avg_ptr + offsets, _round(m, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+        tl.store(exp_avg_sq_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+        if AMSGRAD:
+            v_max = tl.load(max_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            v = tl.maximum(v_max, v)
+            tl.store(max_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+        denom = tl.sqrt(v) / bias_correction2_sqrt + eps
+        p = p - step_size * (m / denom)
+        if HAS_MASTER:
+            tl.store(master_ptr + offsets, p, mask=mask)
+        tl.store(param_ptr + offsets, _round(p, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+
+
+def plan_tables(
+    sizes: torch.Tensor, chunk: int, max_tensors: int, max_chunks: int
+) -> list[tuple[int, int, int, int]]:
+    """Split the chunks of tensors with ``sizes`` (int64, every size > 0) into tables.
+
+    Returns one (first_tensor, last_tensor_exclusive, first_chunk, last_chunk_exclusive) per
+    table, chunks numbered over all tensors in order; each table has at most ``max_tensors``
+    tensors and ``max_chunks`` chunks.
+    """
+    counts = (sizes + chunk - 1) // chunk
+    ends = torch.cumsum(counts, 0)  # chunk index one past each tensor's last chunk
+    total = int(ends[-1])
+    tables = []
+    start = 0
+    while start < total:
+        first = int(torch.searchsorted(ends, start, right=True))
+        stop = min(start + max_chunks, total)
+        if first + max_tensors < len(sizes):
+            stop = min(stop, int(ends[first + max_tensors - 1]))
+        last = int(torch.searchsorted(ends, stop - 1, right=True)) + 1
+        tables.append((first, last, start, stop))
+        start = stop
+    return tables
+
+
+def build_tables(
+    lists: list[list[torch.Tensor]], chunk: int, max_tensors: int, max_chunks: int
+) -> list[tuple[torch.Tensor, int, int]]:
+    """The launch tables for tensor lists (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
+    master, step; empty lists for unused ones), on the params' device: one (table, n_slots,
+    n_chunks) per launch, the int64 layout of the module docstring."""
+    params = lists[0]
+    n = len(params)
+    addresses = torch.zeros((7, n), dtype=torch.int64)
+    for row, tensors in enumerate(lists):
+        if tensors:
+            addresses[row] = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    sizes = torch.tensor([p.numel() for p in params], dtype=torch.int64)
+    counts = (sizes + chunk - 1) // chunk
+    chunk_tensor = torch.repeat_interleave(torch.arange(n), counts)
+    chunk_index = torch.arange(int(counts.sum())) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts
+    )
+    host = []
+    for first, last, start, stop in plan_tables(sizes, chunk, max_tensors, max_chunks):
+        table = torch.cat(
+            [
+                addresses[:, first:last].reshape(-1),
+                sizes[first:last],
+                chunk_tensor[start:stop] - first,
+                chunk_index[start:stop],
+            ]
+        )
+        host.append((table, last - first, stop - start))
+    flat = torch.cat([t for t, _, _ in host]).to(params[0].device, non_blocking=True)
+    tables, offset = [], 0
+    for table, n_slots, n_chunks in host:
+        tables.append((flat[offset : offset + table.numel()], n_slots, n_chunks))
+        offset += table.numel()
+    return tables
+
+
+_cache_lock = threading.Lock()
+_cache: dict[tuple, list[tuple[torch.Tensor, int, int]]] = {}
+_CACHE_ENTRIES = 64
+
+
+def _tables(lists, chunk, max_tensors, max_chunks):
+    key = (
+        chunk,
+        max_tensors,
+        max_chunks,
+        tuple(tuple((t.data_ptr(), t.numel()) for t in tensors) for tensors in lists),
+    )
+    with _cache_lock:
+        tables = _cache.get(key)
+    if tables is None:
+        tables = build_tables(lists, chunk, max_tensors, max_chunks)
+        with _cache_lock:
+            if len(_cache) >= _CACHE_ENTRIES:
+                _cache.pop(next(iter(_cache)))
+            _cache[key] = tables
+    return tables
+
+
+def step(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    masters,
+    steps,
+    *,
+    lr,
+    lr_tensor,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    amsgrad,
+    maximize,
+    decoupled,
+    grad_scale,
+    found_inf,
+    chunk: int | None = None,
+    block: int | None = None,
+    max_tensors: int = MAX_TENSORS,
+    max_chunks: int = MAX_CHUNKS,
+) -> None:
+    """Adam/AdamW update of a tensor group (layout: fusedops.ops.adam), one launch per table.
+
+    chunk/block (elements per program / per iteration; chunk a multiple of block) and the
+    table capacities default to the module constants (smaller chunks under the interpreter).
+    """
+    interpreted = dispatch.triton_interpreter()
+    chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
+    block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
+    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps]
+    dummy = steps[0]  # any tensor: stands for pointers a kernel variant never reads
+    for table, n_slots, n_chunks in _tables(lists, chunk, max_tensors, max_chunks):
+        _adam_kernel[(n_chunks,)](
+            table,
+            n_slots,
+            n_chunks,
+            lr,
+            lr_tensor if lr_tensor is not None else dummy,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            grad_scale if grad_scale is not None else dummy,
+            found_inf if found_inf is not None else dummy,
+            PARAM_DTYPE=_TL_DTYPES[params[0].dtype],
+            STATE_DTYPE=_TL_DTYPES[exp_avgs[0].dtype],
+            AMSGRAD=amsgrad,
+            MAXIMIZE=maximize,
+            DECOUPLED=decoupled,
+            HAS_WEIGHT_DECAY=weight_decay != 0,
+            HAS_MASTER=bool(masters),
+            LR_ON_DEVICE=lr_tensor is not None,
+            HAS_GRAD_SCALE=grad_scale is not None,
+            HAS_FOUND_INF=found_inf is not None,
+            CHUNK=chunk,
+            BLOCK=block,
+            EMULATE_RTNE=interpreted,
+        )

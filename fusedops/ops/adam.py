@@ -1,0 +1,237 @@
+"""Adam / AdamW update of a group of tensors (one device, one param dtype) in one call.
+
+Every backend implements ``step`` with the signature of ``_reference_step`` below; the lists hold
+tensors with at least one element, all on one device, each dense (contiguous, or sharing its
+param's strides), elementwise aligned with its param:
+
+- params: the parameters (fp32/fp16/bf16; fp64 on the reference backend), updated in place;
+- grads: their gradients (param dtype); written back unscaled when ``grad_scale`` is given;
+- exp_avgs, exp_avg_sqs (and max_exp_avg_sqs when amsgrad, else empty): the moments, in the
+  param dtype, or float32 when master weights are used;
+- masters: float32 master copies of the params (empty list: no master weights); when given the
+  update is computed on them and the params receive the result rounded to their dtype;
+- steps: one float32 0-d tensor per param on the params' device, already incremented for this
+  step (``adam_step`` increments them, and decrements them again where ``found_inf`` is set).
+
+The math is torch.optim.Adam's (``decoupled=True``: AdamW), in fp32 for fp16/bf16 params::
+
+    g = grad / grad_scale;  g = -g if maximize
+    p = p * (1 - lr * wd) if decoupled else (g = g + wd * p)
+    m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g;  vmax = max(vmax, v)
+    p = p - lr / (1 - beta1**step) * m / (sqrt(v or vmax) / sqrt(1 - beta2**step) + eps)
+
+With ``found_inf`` (a 0-d float32 tensor, nonzero when the scaled gradients overflowed) nothing
+is written: the skip happens on the device, with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from fusedops import dispatch
+
+
+def _reference_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    *,
+    lr: float,
+    lr_tensor: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled: bool,
+    grad_scale: torch.Tensor | None,
+    found_inf: torch.Tensor | None,
+) -> None:
+    """Plain-PyTorch Adam/AdamW update of each tensor (the CPU path and the test oracle)."""
+    skip = None if found_inf is None else found_inf != 0
+    rate = lr if lr_tensor is None else lr_tensor.to(torch.float32)
+    for i, param in enumerate(params):
+        compute = torch.float64 if param.dtype == torch.float64 else torch.float32
+        # In place when nothing may have to be undone (no found_inf) and nothing is rounded.
+        work = lambda t: t if skip is None and t.dtype == compute else t.to(compute, copy=True)  # noqa: B023
+        p = work(masters[i] if masters else param)
+        g = grads[i].to(compute, copy=True)
+        if grad_scale is not None:
+            g.div_(grad_scale.to(compute))
+        unscaled = g.clone() if grad_scale is not None else None
+        if maximize:
+            g.neg_()
+        if weight_decay != 0:
+            if decoupled:
+                p.mul_(1 - rate * weight_decay)
+            else:
+                g.add_(p, alpha=weight_decay)
+        m = work(exp_avgs[i]).lerp_(g, 1 - beta1)
+        v = work(exp_avg_sqs[i]).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step = steps[i].to(compute)
+        bias_correction1 = 1 - torch.pow(beta1, step)
+        bias_correction2_sqrt = (1 - torch.pow(beta2, step)).sqrt()
+        v_hat = v
+        if amsgrad:
+            v_hat = torch.maximum(max_exp_avg_sqs[i].to(compute), v)
+        denom = v_hat.sqrt().div_(bias_correction2_sqrt).add_(eps)
+        p.sub_(m.div(denom).mul_(rate / bias_correction1))
+
+        updates = [(param, p), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
+        if amsgrad:
+            updates.append((max_exp_avg_sqs[i], v_hat))
+        if masters:
+            updates.append((masters[i], p))
+        if unscaled is not None:
+            updates.append((grads[i], unscaled))
+        for target, value in updates:
+            if skip is not None:
+                value = torch.where(skip, target.to(compute), value)
+            if value is not target:
+                target.copy_(value)
+
+
+reference = SimpleNamespace(step=_reference_step)
+
+dispatch.register_op(
+    "adam",
+    reference,
+    triton_module="fusedops.kernels.triton.adam",
+    cuda_module="fusedops.kernels.cuda.adam",
+)
+
+
+@torch.library.custom_op(
+    "fusedops::adam_step",
+    mutates_args=(
+        "params",
+        "grads",
+        "exp_avgs",
+        "exp_avg_sqs",
+        "max_exp_avg_sqs",
+        "masters",
+        "steps",
+    ),
+)
+def _adam_step_op(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    lr: float,
+    lr_tensor: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled: bool,
+    grad_scale: torch.Tensor | None,
+    found_inf: torch.Tensor | None,
+    backend: str | None = None,
+) -> None:
+    torch._foreach_add_(steps, 1)
+    kernel_lists = _nonempty(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps)
+    if kernel_lists[0]:
+        implementation = dispatch.select("adam", kernel_lists[0][0], backend=backend)
+        implementation.step(
+            *kernel_lists,
+            lr=lr,
+            lr_tensor=lr_tensor,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            decoupled=decoupled,
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+    if found_inf is not None:
+        torch._foreach_sub_(steps, [found_inf] * len(steps))
+
+
+@_adam_step_op.register_fake
+def _(*args, **kwargs):
+    return None
+
+
+def _nonempty(*lists: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The lists restricted to the params with at least one element (optional lists stay
+    empty)."""
+    keep = [i for i, p in enumerate(lists[0]) if p.numel() > 0]
+    return [[values[i] for i in keep] if values else [] for values in lists]
+
+
+def adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    *,
+    lr: float | torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool = False,
+    maximize: bool = False,
+    decoupled: bool = False,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> None:
+    """One Adam (``decoupled=False``) or AdamW step of a group of tensors, in place.
+
+    All tensors are on one device; params share one dtype (fp32/fp16/bf16 on the kernels, also
+    fp64 on the reference); zero-element params are allowed (only their step advances). See the
+    module docstring for the lists' layout. ``lr`` is a float or a 1-element tensor (read on the
+    device). ``steps`` are incremented here; ``grad_scale`` (0-d float32) unscales the gradients;
+    ``found_inf`` (0-d float32, nonzero: skip) skips the whole update on the device.
+    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    """
+    if not params:
+        return
+    lr_tensor = None
+    if isinstance(lr, torch.Tensor):
+        device = params[0].device
+        lr_tensor = (
+            lr.detach().reshape(()).to(device=device, dtype=torch.float32, non_blocking=True)
+        )
+        lr = 0.0
+    _adam_step_op(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        masters,
+        steps,
+        float(lr),
+        lr_tensor,
+        float(beta1),
+        float(beta2),
+        float(eps),
+        float(weight_decay),
+        bool(amsgrad),
+        bool(maximize),
+        bool(decoupled),
+        grad_scale,
+        found_inf,
+        backend,
+    )

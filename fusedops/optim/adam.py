@@ -1,0 +1,298 @@
+"""FusedAdam and FusedAdamW: torch.optim.Adam / AdamW updated by one multi-tensor kernel launch
+per (device, dtype) group.
+
+Same constructor and state_dict layout as torch (``step``, ``exp_avg``, ``exp_avg_sq``,
+``max_exp_avg_sq``), so checkpoints move freely between torch's optimizers and these, plus:
+
+- ``master_weights=True``: fp16/bf16 params get an fp32 copy (state ``master_param``) that the
+  update is computed on, and fp32 moments; the params receive the result rounded.
+- ``backend=``: force "cuda" | "triton" | "reference" (default: the dispatch rule, which also
+  honours ``fusedops.use_backend`` and ``FUSEDOPS_BACKEND``).
+
+``step`` lives on the params' device (float32, as torch's fused/capturable Adam keeps it), and
+``lr`` may be a tensor: a step never synchronises with the host. Under ``torch.amp.GradScaler``
+(``_step_supports_amp_scaling``) the scaler hands over ``grad_scale`` and ``found_inf``: the
+kernel unscales the gradients and, when ``found_inf`` is set, skips the update and the step
+increment on the device. DTensor params (FSDP2) are updated through their local shards.
+``foreach`` and ``fused`` are accepted for compatibility and ignored.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from itertools import chain
+from typing import Any
+
+import torch
+
+from fusedops.ops.adam import adam_step
+
+_MASTER = "master_param"
+_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _unpatched(cls: type) -> type:
+    """The torch class itself even when a fusedops hook has replaced it by our subclass (so a
+    re-import of this module never subclasses its own classes)."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("torch."))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (a view of its storage); other tensors unchanged."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+def _dense_like(t: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether ``t`` covers one gap-free memory block laid out like ``param`` (so the kernels
+    may treat both as flat arrays)."""
+    if t.is_contiguous() and param.is_contiguous():
+        return True
+    if t.stride() != param.stride() or t.shape != param.shape:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class _FusedAdamMixin:
+    """The step shared by FusedAdam and FusedAdamW (mixed in before the torch class)."""
+
+    _fusedops_fused = True  # read by the hooks: this class is already a fused replacement
+    _step_supports_amp_scaling = True
+
+    def _setup(self, master_weights: bool, backend: str | None, differentiable: bool) -> None:
+        if differentiable:
+            raise ValueError(f"{type(self).__name__} does not support differentiable=True")
+        if backend is not None:
+            from fusedops import dispatch
+
+            dispatch.requested(backend)  # validates the name
+        self.backend = backend
+        for group in self.param_groups:
+            group.setdefault("master_weights", master_weights)
+        self.defaults["master_weights"] = master_weights
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("master_weights", self.defaults.get("master_weights", False))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Adam/AdamW step of every param with a gradient; returns ``closure()``'s loss.
+
+        Honours ``self.grad_scale`` / ``self.found_inf`` (set by torch.amp.GradScaler).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            self._step_group(group, grad_scale, found_inf)
+        return loss
+
+    def _state_for(self, param: torch.Tensor, group: dict) -> dict:
+        """The param's state, created on first use: float32 step on the param's device, moments
+        (float32 with master weights), master copy."""
+        state = self.state[param]
+        master = group["master_weights"] and param.dtype in _LOW_PRECISION
+        if len(state) == 0:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=_local(param).device)
+            moment_dtype = torch.float32 if master else param.dtype
+            state["exp_avg"] = torch.zeros_like(param, dtype=moment_dtype)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=moment_dtype)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(param, dtype=moment_dtype)
+            if master:
+                state[_MASTER] = param.detach().to(torch.float32, copy=True)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:  # amsgrad switched on later
+            state["max_exp_avg_sq"] = torch.zeros_like(state["exp_avg_sq"])
+        moment_dtype = torch.float32 if master else param.dtype
+        for key in _MOMENTS:  # the kernels read moments in exactly this dtype
+            if key in state and state[key].dtype != moment_dtype:
+                state[key] = state[key].to(moment_dtype)
+        if master and _MASTER not in state:  # loaded from a checkpoint without masters
+            state[_MASTER] = param.detach().to(torch.float32, copy=True)
+        step = state["step"]
+        device = _local(param).device
+        if step.device != device or step.dtype != torch.float32:
+            state["step"] = step.to(device=device, dtype=torch.float32)
+        return state
+
+    def _step_group(self, group: dict, grad_scale, found_inf) -> None:
+        groups: dict[tuple, list[list[torch.Tensor]]] = defaultdict(lambda: [[] for _ in range(7)])
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (original, contiguous temporary)
+        for param in group["params"]:
+            if param.grad is None:
+                continue
+            grad = param.grad
+            if grad.is_sparse:
+                raise RuntimeError(
+                    "Adam does not support sparse gradients, please consider SparseAdam instead"
+                )
+            state = self._state_for(param, group)
+            p, g = _local(param), _local(grad)
+            m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
+            v_max = _local(state["max_exp_avg_sq"]) if group["amsgrad"] else None
+            master = _local(state[_MASTER]) if _MASTER in state else None
+            if torch.is_complex(p):  # as torch: the real and imaginary parts are independent
+                p, g, m, v = (torch.view_as_real(t) for t in (p, g, m, v))
+                v_max = torch.view_as_real(v_max) if v_max is not None else None
+            if g.dtype != p.dtype:
+                converted = g.to(p.dtype)
+                copies.append((g, converted))
+                g = converted
+            tensors = [p, g, m, v, v_max, master]
+            if not all(t is None or _dense_like(t, p) for t in tensors):
+                for i, t in enumerate(tensors):
+                    if t is not None and not t.is_contiguous():
+                        tensors[i] = t.contiguous()
+                        copies.append((t, tensors[i]))
+            lists = groups[(p.device, p.dtype)]
+            for values, t in zip(lists, [*tensors, state["step"]]):
+                if t is not None:
+                    values.append(t)
+        beta1, beta2 = (float(b) for b in group["betas"])
+        for (device, _), lists in groups.items():
+            adam_step(
+                *lists,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                amsgrad=group["amsgrad"],
+                maximize=group["maximize"],
+                decoupled=group["decoupled_weight_decay"],
+                grad_scale=_on(grad_scale, device),
+                found_inf=_on(found_inf, device),
+                backend=self.backend,
+            )
+        for original, temporary in copies:
+            original.copy_(temporary)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, then: steps back on the params' devices as float32, and with master
+        weights the fp32 state (moments, master copies) restored at full precision (torch casts
+        every floating state tensor to its param's dtype)."""
+        super().load_state_dict(state_dict)
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        for saved_id, param in zip(saved_ids, params):
+            state = self.state.get(param)
+            saved = state_dict["state"].get(saved_id)
+            if not state or saved is None:
+                continue
+            if "step" in state:
+                device = _local(param).device
+                step = state["step"].detach()  # torch keeps the saved tensor itself: copy it
+                state["step"] = step.to(device=device, dtype=torch.float32, copy=True)
+            if group_of[id(param)]["master_weights"] and param.dtype in _LOW_PRECISION:
+                for key in (*_MOMENTS, _MASTER):
+                    if key in saved:
+                        value = saved[key].detach()
+                        state[key] = value.to(device=param.device, dtype=torch.float32, copy=True)
+
+
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``t`` (grad_scale / found_inf) as float32 on ``device`` (asynchronous copy if needed)."""
+    if t is None:
+        return None
+    return t.to(device=device, dtype=torch.float32, non_blocking=True)
+
+
+_Adam = _unpatched(torch.optim.Adam)
+_AdamW = _unpatched(torch.optim.AdamW)
+
+
+class FusedAdam(_FusedAdamMixin, _Adam):
+    """torch.optim.Adam computed by fusedops' multi-tensor kernels (see the module docstring).
+
+    params: iterable of tensors or param-group dicts; fp32/fp16/bf16 (any dtype, also complex,
+    on the reference backend). Other arguments as torch.optim.Adam, plus ``master_weights``
+    (fp32 master copies for fp16/bf16 params) and ``backend``.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+        master_weights: bool = False,
+        backend: str | None = None,
+    ) -> None:
+        _check_lr(lr)
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            maximize=maximize,
+            capturable=capturable,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+        self._setup(master_weights, backend, differentiable)
+
+
+class FusedAdamW(_FusedAdamMixin, _AdamW):
+    """torch.optim.AdamW (decoupled weight decay) computed by fusedops' multi-tensor kernels.
+
+    Arguments as torch.optim.AdamW, plus ``master_weights`` and ``backend`` (see FusedAdam).
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float | torch.Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        master_weights: bool = False,
+        backend: str | None = None,
+    ) -> None:
+        _check_lr(lr)
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            maximize=maximize,
+            capturable=capturable,
+        )
+        self._setup(master_weights, backend, differentiable)
+
+
+def _check_lr(lr) -> None:
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
     const float shift = rms ? 0.0f : to_float(x_row[0]);
     float s1 = 0.0f;
     float s2 = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += kThreads) {
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       const float d = to_float(x_row[j]) - shift;
       s1 += d;
       s2 += d * d;
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads)
       rstd_out[row] = rstd;
     }
     T* y_row = y + row * cols;
-    for (int j = threadIdx.x; j < cols; j += kThreads) {
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       float out = (to_float(x_row[j]) - mean) * rstd;
       if (weight != nullptr) out *= weight[j];
       if (bias != nullptr) out += bias[j];
@@ -174,7 +174,7 @@ __device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* p
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) slot_partial[slot * kRowValues + i * kRowThreads + t] = acc[i];
     __syncthreads();
-    for (int j = threadIdx.x; j < cols; j += kThreads) {
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       float total = 0.0f;
 #pragma unroll
       for (int s = 0; s < kRowsPerBlock; ++s) total += slot_partial[s * kRowValues + j];
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads)
     const T* dy_row = dy + row * cols;
     float s1 = 0.0f;
     float s2 = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += kThreads) {
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       const float d = to_float(dy_row[j]);
       const float xhat = (to_float(x_row[j]) - mu) * rs;
       const float g = weight != nullptr ? d * weight[j] : d;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads)
                             const float* __restrict__ rstd, const float* __restrict__ coeffs,
                             T* __restrict__ dx, float* __restrict__ dw_partial,
                             float* __restrict__ db_partial, int64_t rows, int cols, bool rms) {
-  const int j = blockIdx.x * kThreads + threadIdx.x;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
   const int64_t group = blockIdx.y;
   const int64_t groups = gridDim.y;
@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     column_sum_kernel(const float* __restrict__ partial, float* __restrict__ out,
                       int64_t partial_rows, int cols) {
-  const int j = blockIdx.x * kThreads + threadIdx.x;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
   float total = 0.0f;
   for (int64_t p = 0; p < partial_rows; ++p) total += partial[p * cols + j];
@@ -401,7 +401,10 @@ void launch_backward(const void* dy, const void* x, const float* weight, const f
   } else {
     row_coeffs_kernel<T><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
         tdy, tx, weight, mean, rstd, coeffs, rows, cols, rms);
-    const dim3 grid((cols + kThreads - 1) / kThreads, blocks);
+    // 64-bit: cols + kThreads - 1 would overflow int for cols near INT32_MAX.
+    const unsigned int column_blocks =
+        static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
+    const dim3 grid(column_blocks, blocks);
     backward_columns_kernel<T><<<grid, kThreads, 0, stream>>>(
         tdy, tx, weight, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
   }
@@ -443,7 +446,7 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weig
                                                            dw_partial, db_partial, partial_rows,
                                                            coeffs, rows, n, rms,
                                                            max_register_cols, stream));
-  const unsigned int column_blocks = static_cast<unsigned int>((n + kThreads - 1) / kThreads);
+  const unsigned int column_blocks = static_cast<unsigned int>((cols + kThreads - 1) / kThreads);
   if (dweight != nullptr) {
     column_sum_kernel<<<column_blocks, kThreads, 0, stream>>>(dw_partial, dweight, partial_rows, n);
   }

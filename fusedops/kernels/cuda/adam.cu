@@ -87,7 +87,9 @@ __global__ void __launch_bounds__(kThreads)
     exp_avg[i] = from_float<S>(m);
     exp_avg_sq[i] = from_float<S>(v);
     if (kAmsgrad) {
-      v = fmaxf(to_float(max_exp_avg_sq[i]), v);
+      // torch.maximum: a NaN in either propagates (fmaxf would drop it)
+      const float v_max = to_float(max_exp_avg_sq[i]);
+      v = (v_max > v || isnan(v_max)) ? v_max : v;
       max_exp_avg_sq[i] = from_float<S>(v);
     }
     const float denom = sqrtf(v) / bias_correction2_sqrt + opt.eps;
@@ -104,9 +106,15 @@ cudaError_t launch_tables(int64_t n, void* const* params, void* const* grads,
                           const float* const* steps, const int64_t* sizes,
                           const AdamOptions& opt, int64_t chunk_size, cudaStream_t stream) {
   AdamTable table;
-  int slot = 0;
-  int blocks = 0;
+  int slot = 0;    // the slot of tensor i
+  int blocks = 0;  // blocks (chunks) already in the table
+  const auto launch = [&]() {
+    adam_kernel<P, S, kMaster, kAmsgrad><<<blocks, kThreads, 0, stream>>>(table, opt, chunk_size);
+    blocks = 0;
+    return cudaGetLastError();
+  };
   for (int64_t i = 0; i < n; ++i) {
+    if (sizes[i] <= 0) continue;  // zero-size tensor: nothing to update, takes no slot
     table.params[slot] = params[i];
     table.grads[slot] = grads[i];
     table.exp_avgs[slot] = exp_avgs[i];
@@ -115,20 +123,15 @@ cudaError_t launch_tables(int64_t n, void* const* params, void* const* grads,
     table.masters[slot] = kMaster ? masters[i] : nullptr;
     table.steps[slot] = steps[i];
     table.sizes[slot] = sizes[i];
-    const int64_t chunks = (sizes[i] + chunk_size - 1) / chunk_size;
+    const int64_t chunks = sizes[i] / chunk_size + (sizes[i] % chunk_size != 0 ? 1 : 0);
     for (int64_t c = 0; c < chunks; ++c) {
       table.block_to_tensor[blocks] = static_cast<uint8_t>(slot);
       table.block_to_chunk[blocks] = static_cast<int32_t>(c);
       ++blocks;
       const bool tensor_done = c == chunks - 1;
-      const bool slots_full = tensor_done && slot + 1 == kMaxTensors;
-      const bool blocks_full = blocks == kMaxBlocks;
-      const bool last = tensor_done && i == n - 1;
-      if (slots_full || blocks_full || last) {
-        adam_kernel<P, S, kMaster, kAmsgrad><<<blocks, kThreads, 0, stream>>>(table, opt, chunk_size);
-        const cudaError_t status = cudaGetLastError();
+      if (blocks == kMaxBlocks || (tensor_done && slot + 1 == kMaxTensors)) {
+        const cudaError_t status = launch();
         if (status != cudaSuccess) return status;
-        blocks = 0;
         if (tensor_done) {
           slot = -1;  // the next tensor starts the new table at slot 0
         } else {      // tensor i continues: its pointers move to slot 0 of the new table
@@ -146,7 +149,7 @@ cudaError_t launch_tables(int64_t n, void* const* params, void* const* grads,
     }
     ++slot;
   }
-  return cudaSuccess;
+  return blocks > 0 ? launch() : cudaSuccess;  // the last, partly filled table
 }
 
 template <typename P, typename S>
@@ -178,6 +181,10 @@ cudaError_t adam_multi_tensor(int64_t n, void* const* params, void* const* grads
   if (n == 0) return cudaSuccess;
   if (chunk_size <= 0 || (options.amsgrad && max_exp_avg_sqs == nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  for (int64_t i = 0; i < n; ++i) {  // before any launch: all or nothing is updated
+    // block_to_chunk holds a tensor's chunk index as int32
+    if (sizes[i] < 0 || (sizes[i] - 1) / chunk_size > INT32_MAX) return cudaErrorInvalidValue;
   }
   if (state_dtype == DType::kFloat32) {  // fp32 params, or fp16/bf16 params with fp32 state
     FUSEDOPS_DISPATCH_FLOAT(param_dtype,

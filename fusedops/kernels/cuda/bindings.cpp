@@ -166,10 +166,11 @@ std::vector<void*> adam_pointers(at::TensorList list, const char* name, at::Tens
                 t.device(), ", expected ", params[0].device());
     TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, "[", i, "] has dtype ", t.scalar_type(),
                      ", expected ", dtype);
-    TORCH_CHECK(t.numel() == p.numel() && t.numel() > 0, name, "[", i, "] has ", t.numel(),
-                " elements, expected ", p.numel(), " (> 0)");
+    TORCH_CHECK(t.numel() == p.numel(), name, "[", i, "] has ", t.numel(), " elements, expected ",
+                p.numel());  // zero-size tensors are skipped by the launcher
     TORCH_CHECK((t.is_contiguous() && p.is_contiguous()) ||
-                    (t.strides() == p.strides() && t.is_non_overlapping_and_dense()),
+                    (t.sizes() == p.sizes() && t.strides() == p.strides() &&
+                     t.is_non_overlapping_and_dense()),
                 name, "[", i, "] must be one dense block laid out like params[", i, "]");
     pointers.push_back(t.data_ptr());
   }

@@ -35,7 +35,8 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weig
 // params[i], grads[i] (param_dtype), exp_avgs[i], exp_avg_sqs[i] and, when options.amsgrad,
 // max_exp_avg_sqs[i] (state_dtype: param_dtype, or float32 with master weights), masters[i]
 // (float32; masters == nullptr: no master weights), steps[i] (float32 device scalar, already
-// incremented), sizes[i] > 0 elements, each tensor one dense block laid out like its param.
+// incremented), sizes[i] >= 0 elements (0: skipped), each tensor one dense block laid out like
+// its param.
 struct AdamOptions {
   float lr;               // used when lr_ptr is null
   const float* lr_ptr;    // float32 device scalar, or null

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -105,3 +109,28 @@ def backends_under_test() -> list[str]:
     if torch.cuda.is_available() and torch.version.cuda is not None:
         backends.append("cuda")
     return backends
+
+
+def run_python(
+    *args: str,
+    cwd,
+    path: tuple = (),
+    env: dict | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """Run ``python *args`` in a fresh interpreter with this checkout (and ``path``) importable,
+    FUSEDOPS_HOOKS unset unless ``env`` sets it; returns the completed process (text output)."""
+    repo = Path(__file__).resolve().parent.parent
+    environment = {**os.environ, **(env or {})}
+    if "FUSEDOPS_HOOKS" not in (env or {}):
+        environment.pop("FUSEDOPS_HOOKS", None)
+    environment["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(repo)])
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )

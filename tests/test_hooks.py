@@ -1,7 +1,5 @@
 """The hooks machinery: patching, restoring, import-time patching, FUSEDOPS_HOOKS, swaps."""
 
-import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -13,7 +11,7 @@ from torch import nn
 
 import fusedops
 from fusedops import hooks
-from fusedops.testing import assert_close, random_tensor
+from fusedops.testing import assert_close, random_tensor, run_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,16 +146,7 @@ def _user_package(tmp_path: Path) -> Path:
 
 
 def _python(code: str, tmp_path: Path, **env: str) -> str:
-    environment = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", **env}
-    environment.pop("FUSEDOPS_HOOKS", None) if "FUSEDOPS_HOOKS" not in env else None
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_python("-c", textwrap.dedent(code), cwd=tmp_path, path=(tmp_path,), env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout + done.stderr
 

@@ -1,8 +1,6 @@
 """fusedops.nn.LayerNorm / RMSNorm and the layer_norm / rms_norm hooks."""
 
 import io
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,7 +11,7 @@ from torch import nn
 
 import fusedops
 from fusedops import hooks
-from fusedops.testing import assert_close, backends_under_test, random_tensor
+from fusedops.testing import assert_close, backends_under_test, random_tensor, run_python
 
 REPO = Path(__file__).resolve().parent.parent
 TORCH_LAYER_NORM = nn.LayerNorm
@@ -153,17 +151,7 @@ def test_enable_disable_restore_every_torch_location():
 
 
 def _python(code: str, tmp_path: Path, **env: str) -> str:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    if "FUSEDOPS_HOOKS" not in env:
-        environment.pop("FUSEDOPS_HOOKS", None)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_python("-c", textwrap.dedent(code), cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -1,31 +1,20 @@
 """Package-level promises: import cost, the CLI, the demo, the CUDA sources."""
 
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from fusedops.kernels.cuda import build
+from fusedops.testing import run_python
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _run(*args: str, env: dict | None = None, timeout: int = 300):
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    environment.pop("FUSEDOPS_HOOKS", None)
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
+def _run(*args: str, env: dict | None = None):
+    return run_python(*args, cwd=REPO, env=env)
 
 
 def test_import_does_not_import_triton_jax_or_initialise_cuda():

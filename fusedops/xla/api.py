@@ -1,0 +1,102 @@
+"""``partial_trace``: run the static regions of a PyTorch function or module as XLA programs."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from fusedops.xla.errors import XLATraceError
+
+BACKENDS = ("xla", "eager", "inductor")
+
+
+def _unwrap(error: BaseException) -> BaseException | None:
+    """Our own error inside Dynamo's wrappers (BackendCompilerFailed and the like), if any."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, XLATraceError):
+            return seen
+        inner = getattr(seen, "inner_exception", None)
+        seen = inner if inner is not None else seen.__cause__
+    return None
+
+
+def partial_trace(
+    fn=None,
+    *,
+    backend: str = "xla",
+    capture_as_const: bool = False,
+    fullgraph: bool = False,
+):
+    """Compile ``fn`` (a function or ``nn.Module``) region by region.
+
+    ``backend="xla"``: each static region (between graph breaks such as ``.item()``) becomes one
+    XLA program for its forward and one for its backward; autograd, parameters and mutated
+    buffers behave as in eager. ``"eager"`` runs ``fn`` as is; ``"inductor"`` is
+    ``torch.compile``'s default. Inputs keep any shape/dtype the ops take; each new shape, or a
+    train/eval switch, compiles new programs. ``capture_as_const=True`` bakes tensors ``fn``
+    closes over (not parameters/buffers) into the program; otherwise they are read each call.
+    ``fullgraph=True`` raises (``XLATraceError``) on graph breaks and on ops with no lowering.
+    Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"partial_trace: unknown backend {backend!r}; choose one of {BACKENDS}")
+    if fn is None:
+        return functools.partial(
+            partial_trace, backend=backend, capture_as_const=capture_as_const, fullgraph=fullgraph
+        )
+    if backend == "eager":
+        return fn
+    if backend == "inductor":
+        return torch.compile(fn, dynamic=False, fullgraph=fullgraph)
+    from fusedops.xla.backend import Stats, make_backend
+
+    stats = Stats()
+    code = getattr(fn.forward if isinstance(fn, torch.nn.Module) else fn, "__code__", None)
+    freevars = tuple(code.co_freevars) if code is not None else ()
+    backend_fn = make_backend(
+        stats, fullgraph=fullgraph, capture_as_const=capture_as_const, freevars=freevars
+    )
+    compiled = torch.compile(
+        fn,
+        backend=backend_fn,
+        dynamic=False,
+        fullgraph=fullgraph,
+    )
+
+    @functools.wraps(fn if not isinstance(fn, torch.nn.Module) else fn.forward)
+    def run(*args, **kwargs):
+        try:
+            return compiled(*args, **kwargs)
+        except XLATraceError:
+            raise
+        except Exception as error:  # Dynamo wraps backend errors; surface ours plainly
+            ours = _unwrap(error)
+            if ours is not None:
+                raise ours.with_traceback(None) from error
+            if fullgraph and isinstance(error, torch._dynamo.exc.Unsupported):
+                raise XLATraceError(
+                    f"partial_trace(fullgraph=True) cannot capture this function as one "
+                    f"region: {str(error).splitlines()[0]}"
+                ) from error
+            raise
+
+    run.stats = stats
+    run.compiled = compiled
+    if isinstance(fn, torch.nn.Module):
+        return _TracedModule(fn, run)
+    return run
+
+
+class _TracedModule(torch.nn.Module):
+    """A module whose calls go through ``partial_trace``; shares the wrapped module's state."""
+
+    def __init__(self, module: torch.nn.Module, run):
+        super().__init__()
+        self.module = module
+        self._run = run
+        self.stats = run.stats
+
+    def forward(self, *args, **kwargs):
+        return self._run(*args, **kwargs)

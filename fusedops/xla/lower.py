@@ -1,0 +1,114 @@
+"""The lowering table: core ATen ops -> jax.numpy / jax.lax, one small function per op.
+
+``LOWERINGS[op]`` takes the op's ATen arguments with tensors replaced by ``jax.Array`` and returns
+what the op returns (an array, or a tuple of arrays). Ops that need the shape/dtype of their
+result (factories, ``as_strided``...) are marked ``needs_meta`` and get ``meta=`` (the FX node's
+FakeTensor value). Ops that draw random numbers get ``key=`` (a ``jax.random`` key). Backward
+ops are ``jax.vjp`` of the forward lowering wherever that is exact. The lowerings live in
+``lower_pointwise``, ``lower_reduce``, ``lower_shape`` and ``lower_nn``; this module holds the
+registry and loads them.
+
+Importing this module imports jax; ``fusedops.xla`` imports it lazily.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+LOWERINGS: dict[object, Callable] = {}
+NEEDS_META: set[object] = set()
+NEEDS_KEY: set[object] = set()
+
+_DTYPES = {
+    torch.float64: jnp.float64,
+    torch.float32: jnp.float32,
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int64: jnp.int64,
+    torch.int32: jnp.int32,
+    torch.int16: jnp.int16,
+    torch.int8: jnp.int8,
+    torch.uint8: jnp.uint8,
+    torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64,
+    torch.complex128: jnp.complex128,
+}
+
+
+def jax_dtype(dtype: torch.dtype):
+    """The jax dtype for a torch dtype (KeyError for ones XLA cannot hold)."""
+    return _DTYPES[dtype]
+
+
+def register(*ops, meta: bool = False, key: bool = False):
+    """Decorator: register ``fn`` as the lowering of every op in ``ops``."""
+
+    def wrap(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+            if meta:
+                NEEDS_META.add(op)
+            if key:
+                NEEDS_KEY.add(op)
+        return fn
+
+    return wrap
+
+
+def supported(op) -> bool:
+    """Whether ``op`` (an OpOverload or ``operator.getitem``) has a lowering."""
+    return op in LOWERINGS or op is operator.getitem
+
+
+def _dims(dim, ndim: int) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    return tuple(d % max(ndim, 1) for d in dim)
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+
+
+_HIGHEST = lax.Precision.HIGHEST
+
+
+def op_names(ops: Sequence[object]) -> list[str]:
+    """Readable names (``aten.foo.default``) for a list of ops."""
+    return sorted({str(op) for op in ops})
+
+
+# The table itself: each module registers its ops on import.
+from fusedops.xla import lower_nn, lower_pointwise, lower_reduce, lower_shape  # noqa: E402, F401
+
+# functionalization with views removed (``remove="mutations_and_views"``) emits *_copy ops
+for _view_op, _copy_op in (
+    (aten.view.default, aten.view_copy.default),
+    (aten.permute.default, aten.permute_copy.default),
+    (aten.expand.default, aten.expand_copy.default),
+    (aten.t.default, aten.t_copy.default),
+    (aten.transpose.int, aten.transpose_copy.int),
+    (aten.unsqueeze.default, aten.unsqueeze_copy.default),
+    (aten.squeeze.default, aten.squeeze_copy.default),
+    (aten.squeeze.dim, aten.squeeze_copy.dim),
+    (aten.squeeze.dims, aten.squeeze_copy.dims),
+    (aten.slice.Tensor, aten.slice_copy.Tensor),
+    (aten.select.int, aten.select_copy.int),
+    (aten.alias.default, aten.alias_copy.default),
+    (aten.detach.default, aten.detach_copy.default),
+    (aten.split.Tensor, aten.split_copy.Tensor),
+    (aten.split_with_sizes.default, aten.split_with_sizes_copy.default),
+    (aten.unbind.int, aten.unbind_copy.int),
+    (aten.as_strided.default, aten.as_strided_copy.default),
+):
+    register(_copy_op, meta=_view_op in NEEDS_META)(LOWERINGS[_view_op])

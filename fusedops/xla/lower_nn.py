@@ -1,0 +1,481 @@
+"""Lowerings of convolution, pooling, normalization, softmax, losses, embedding and attention."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from fusedops.xla.lower import (
+    _HIGHEST,
+    register,
+)
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+# ------------------------------------------------------------------------------------ convolution
+def _conv_dims(nd: int) -> lax.ConvDimensionNumbers:
+    spatial = "DHW"[3 - nd :]
+    return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+
+
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    nd = w.ndim - 2
+    unbatched = x.ndim == nd + 1
+    if unbatched:
+        x = x[None]
+    stride, dilation = list(stride) * (nd // len(stride)), list(dilation) * (nd // len(dilation))
+    padding = list(padding) * (nd // len(padding))
+    if not transposed:
+        y = lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=stride,
+            padding=[(p, p) for p in padding],
+            rhs_dilation=dilation,
+            dimension_numbers=_conv_dims(nd),
+            feature_group_count=groups,
+            precision=_HIGHEST,
+        )
+    else:
+        cin, cout_g, *k = w.shape
+        w = w.reshape(groups, cin // groups, cout_g, *k)
+        w = jnp.swapaxes(w, 1, 2).reshape(groups * cout_g, cin // groups, *k)
+        w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+        output_padding = list(output_padding) * (nd // max(len(output_padding), 1))
+        pads = [
+            (d * (kk - 1) - p, d * (kk - 1) - p + op)
+            for d, kk, p, op in zip(dilation, k, padding, output_padding or [0] * nd)
+        ]
+        y = lax.conv_general_dilated(
+            x,
+            w,
+            window_strides=[1] * nd,
+            padding=pads,
+            lhs_dilation=stride,
+            rhs_dilation=dilation,
+            dimension_numbers=_conv_dims(nd),
+            feature_group_count=groups,
+            precision=_HIGHEST,
+        )
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return y[0] if unbatched else y
+
+
+@register(aten.convolution.default)
+def _convolution_op(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    return _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@register(aten.convolution_backward.default)
+def _convolution_backward(
+    grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask
+):
+    def forward(xx, ww):
+        return _convolution(
+            xx, ww, None, stride, padding, dilation, transposed, output_padding, groups
+        )
+
+    _, pullback = jax.vjp(forward, x, w)
+    gx, gw = pullback(grad)
+    axes = (0,) + tuple(range(2, grad.ndim))
+    gb = jnp.sum(grad, axis=axes) if mask[2] else None
+    return (gx if mask[0] else None), (gw if mask[1] else None), gb
+
+
+# ---------------------------------------------------------------------------------------- pooling
+def _windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
+    """Stack every kernel offset's strided view of ``x`` (N, C, *spatial) on a new last axis."""
+    nd = len(kernel)
+    spatial = x.shape[-nd:]
+    out_sizes, pads = [], []
+    for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation):
+        span = d * (k - 1) + 1
+        out = (size + 2 * p - span + (s - 1 if ceil_mode else 0)) // s + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        out_sizes.append(out)
+        pads.append((p, max((out - 1) * s + span - size - p, p)))
+    cfg = [(0, 0, 0)] * (x.ndim - nd) + [(lo, hi, 0) for lo, hi in pads]
+    xp = lax.pad(x, jnp.asarray(pad_value, x.dtype), cfg)
+    views = []
+    for offsets in np.ndindex(*kernel):
+        starts = [o * d for o, d in zip(offsets, dilation)]
+        view = xp
+        for axis, (st, s, out) in enumerate(zip(starts, stride, out_sizes)):
+            ax = x.ndim - nd + axis
+            view = lax.slice_in_dim(view, st, st + (out - 1) * s + 1, s, axis=ax)
+        views.append(view)
+    return jnp.stack(views, axis=-1), out_sizes, pads
+
+
+def _pool_args(kernel, stride, padding, dilation, nd=2):
+    kernel = list(kernel) * (nd // len(kernel))
+    stride = list(stride or kernel) * (nd // len(stride or kernel))
+    padding = list(padding) * (nd // len(padding))
+    dilation = list(dilation) * (nd // len(dilation))
+    return kernel, stride, padding, dilation
+
+
+@register(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, dilation)
+    h, w = x.shape[-2:]
+    windows, _, _ = _windows(x, kernel, stride, padding, dilation, ceil_mode, -jnp.inf)
+    positions = jnp.arange(h * w, dtype=jnp.int64).reshape(h, w)
+    pos, _, _ = _windows(positions, kernel, stride, padding, dilation, ceil_mode, -1)
+    arg = jnp.argmax(windows, axis=-1)
+    values = jnp.max(windows, axis=-1)
+    idx = jnp.take_along_axis(jnp.broadcast_to(pos, windows.shape), arg[..., None], axis=-1)
+    return values, idx[..., 0]
+
+
+@register(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_with_indices_backward(
+    grad, x, kernel, stride, padding, dilation, ceil_mode, indices
+):
+    lead, (h, w) = x.shape[:-2], x.shape[-2:]
+    flat_grad = grad.reshape(-1, grad.shape[-2] * grad.shape[-1])
+    flat_idx = indices.reshape(flat_grad.shape)
+    rows = jnp.arange(flat_grad.shape[0])[:, None]
+    out = jnp.zeros((flat_grad.shape[0], h * w), grad.dtype).at[rows, flat_idx].add(flat_grad)
+    return out.reshape(*lead, h, w)
+
+
+def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
+    kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, (1,), nd)
+    windows, _, pads = _windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
+    total = jnp.sum(windows, axis=-1)
+    if divisor_override:
+        return total / divisor_override
+    spatial = x.shape[-nd:]
+    inside = np.ones(spatial, np.float32)
+    if count_include_pad:  # padding counts, the extra ceil_mode overhang does not
+        inside = np.pad(inside, [(p, p) for p in padding], constant_values=1)
+        inside = np.pad(inside, [(0, hi - p) for (_, hi), p in zip(pads, padding)])
+        counts, _, _ = _windows(jnp.asarray(inside), kernel, stride, [0] * nd, dilation, False, 0)
+    else:
+        counts, _, _ = _windows(
+            jnp.asarray(inside), kernel, stride, padding, dilation, ceil_mode, 0
+        )
+    return total / jnp.sum(counts, axis=-1).astype(x.dtype)
+
+
+@register(aten.avg_pool2d.default)
+def _avg_pool2d(
+    x,
+    kernel,
+    stride=(),
+    padding=(0,),
+    ceil_mode=False,
+    count_include_pad=True,
+    divisor_override=None,
+):
+    return _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
+
+
+@register(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(
+    grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+):
+    def forward(v):
+        return _avg_pool2d(
+            v, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+        )
+
+    return jax.vjp(forward, x)[1](grad)[0]
+
+
+def _adaptive_avg_pool(x, output_size):
+    nd = len(output_size)
+    for axis, out in enumerate(output_size):
+        ax = x.ndim - nd + axis
+        size = x.shape[ax]
+        pieces = []
+        for i in range(out):
+            start, end = (i * size) // out, -(-((i + 1) * size) // out)
+            pieces.append(
+                jnp.mean(lax.slice_in_dim(x, start, end, axis=ax), axis=ax, keepdims=True)
+            )
+        x = jnp.concatenate(pieces, axis=ax)
+    return x
+
+
+@register(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(x, output_size):
+    return _adaptive_avg_pool(x, list(output_size))
+
+
+@register(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(grad, x):
+    size = grad.shape[-2:]
+    return jax.vjp(lambda v: _adaptive_avg_pool(v, list(size)), x)[1](grad)[0]
+
+
+# ---------------------------------------------------------------------------------- normalization
+def _bn_axes(x) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def _bn_shape(x) -> tuple[int, ...]:
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _bn_train(x, weight, bias, eps):
+    axes = _bn_axes(x)
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.var(x, axis=axes)
+    invstd = lax.rsqrt(var + eps)
+    y = (x - mean.reshape(_bn_shape(x))) * invstd.reshape(_bn_shape(x))
+    if weight is not None:
+        y = y * weight.reshape(_bn_shape(x))
+    if bias is not None:
+        y = y + bias.reshape(_bn_shape(x))
+    return y, mean, invstd, var
+
+
+def _bn_eval(x, weight, bias, running_mean, running_var, eps):
+    invstd = lax.rsqrt(running_var + eps)
+    y = (x - running_mean.reshape(_bn_shape(x))) * invstd.reshape(_bn_shape(x))
+    if weight is not None:
+        y = y * weight.reshape(_bn_shape(x))
+    if bias is not None:
+        y = y + bias.reshape(_bn_shape(x))
+    return y
+
+
+@register(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        y = _bn_eval(x, weight, bias, running_mean, running_var, eps)
+        empty = jnp.zeros((0,), x.dtype)
+        return y, empty, empty, running_mean, running_var
+    y, mean, invstd, var = _bn_train(x, weight, bias, eps)
+    n = x.size // x.shape[1]
+    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
+    unbiased = var * (n / max(n - 1, 1))
+    new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+    return y, mean, invstd, new_mean, new_var
+
+
+@register(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    outs = _batch_norm_functional(
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
+    return outs[:3]
+
+
+@register(aten._native_batch_norm_legit.no_stats)
+def _batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    y, mean, invstd, _ = _bn_train(x, weight, bias, eps)
+    return y, mean, invstd
+
+
+@register(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
+    empty = jnp.zeros((0,), x.dtype)
+    return _bn_eval(x, weight, bias, running_mean, running_var, eps), empty, empty
+
+
+@register(aten.native_batch_norm_backward.default)
+def _batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask
+):
+    axes, shape = _bn_axes(x), _bn_shape(x)
+    if train:
+        mean, invstd = save_mean, save_invstd
+    else:
+        mean, invstd = running_mean, lax.rsqrt(running_var + eps)
+    xhat = (x - mean.reshape(shape)) * invstd.reshape(shape)
+    gb = jnp.sum(grad, axis=axes)
+    gw = jnp.sum(grad * xhat, axis=axes)
+    w = weight.reshape(shape) if weight is not None else 1.0
+    if train:
+        n = x.size // x.shape[1]
+        gx = (w * invstd.reshape(shape) / n) * (
+            n * grad - gb.reshape(shape) - xhat * gw.reshape(shape)
+        )
+    else:
+        gx = grad * w * invstd.reshape(shape)
+    return (gx if mask[0] else None), (gw if mask[1] else None), (gb if mask[2] else None)
+
+
+@register(aten.native_layer_norm.default)
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.var(x, axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    y = (x - mean) * rstd
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y, mean, rstd
+
+
+@register(aten.native_layer_norm_backward.default)
+def _layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, mask):
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    lead = tuple(range(x.ndim - len(normalized_shape)))
+    n = math.prod(normalized_shape)
+    xhat = (x - mean) * rstd
+    g = grad * weight if weight is not None else grad
+    gx = (rstd / n) * (
+        n * g
+        - jnp.sum(g, axis=axes, keepdims=True)
+        - xhat * jnp.sum(g * xhat, axis=axes, keepdims=True)
+    )
+    gw = jnp.sum(grad * xhat, axis=lead) if (mask[1] and weight is not None) else None
+    gb = jnp.sum(grad, axis=lead) if (mask[2] and bias is not None) else None
+    return (gx if mask[0] else None), gw, gb
+
+
+def _group_norm(x, weight, bias, n, c, hxw, group, eps):
+    xg = x.reshape(n, group, -1)
+    mean = jnp.mean(xg, axis=-1)
+    rstd = lax.rsqrt(jnp.var(xg, axis=-1) + eps)
+    y = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y, mean, rstd
+
+
+@register(aten.native_group_norm.default)
+def _native_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    return _group_norm(x, weight, bias, n, c, hxw, group, eps)
+
+
+@register(aten.native_group_norm_backward.default)
+def _native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, mask):
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    xg = x.reshape(n, group, -1)
+    xhat = ((xg - mean[..., None]) * rstd[..., None]).reshape(x.shape)
+    g = grad * weight.reshape(shape) if weight is not None else grad
+    gg, hg = g.reshape(n, group, -1), (g * xhat).reshape(n, group, -1)
+    gx = rstd[..., None] * (
+        gg
+        - jnp.mean(gg, axis=-1, keepdims=True)
+        - xhat.reshape(n, group, -1) * jnp.mean(hg, axis=-1, keepdims=True)
+    )
+    axes = (0,) + tuple(range(2, x.ndim))
+    gw = jnp.sum(grad * xhat, axis=axes) if mask[1] else None
+    gb = jnp.sum(grad, axis=axes) if mask[2] else None
+    return (gx.reshape(x.shape) if mask[0] else None), gw, gb
+
+
+# -------------------------------------------------------------------------- softmax, losses, embed
+@register(aten._softmax.default)
+def _softmax(x, dim, half_to_float=False):
+    return jax.nn.softmax(x, axis=dim)
+
+
+@register(aten._log_softmax.default)
+def _log_softmax(x, dim, half_to_float=False):
+    return jax.nn.log_softmax(x, axis=dim)
+
+
+@register(aten._softmax_backward_data.default)
+def _softmax_backward_data(grad, out, dim, input_dtype):
+    return out * (grad - jnp.sum(grad * out, axis=dim, keepdims=True))
+
+
+@register(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad, out, dim, input_dtype):
+    return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
+
+
+def _nll_parts(x, target, weight, ignore_index):
+    cdim = 1 if x.ndim >= 2 else 0
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, cdim), axis=cdim).squeeze(cdim)
+    w = jnp.ones((x.shape[cdim],), x.dtype) if weight is None else weight
+    wt = jnp.where(valid, w[safe], 0).astype(x.dtype)
+    return -picked * wt, wt
+
+
+@register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, meta=True)
+def _nll_loss_forward(x, target, weight, reduction, ignore_index, *, meta):
+    losses, wt = _nll_parts(x, target, weight, ignore_index)
+    total = jnp.sum(wt)
+    if reduction == 0:
+        return losses, jnp.zeros(tuple(meta[1].shape), x.dtype)
+    if reduction == 1:
+        return jnp.sum(losses) / total, total
+    return jnp.sum(losses), total
+
+
+@register(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+def _nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    def forward(v):
+        losses, _ = _nll_parts(v, target, weight, ignore_index)
+        if reduction == 0:
+            return losses
+        total = jnp.sum(losses)
+        return total / total_weight if reduction == 1 else total
+
+    return jax.vjp(forward, x)[1](grad.reshape(grad.shape))[0]
+
+
+@register(aten.embedding.default)
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+@register(aten.embedding_dense_backward.default)
+def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    flat_idx = indices.reshape(-1)
+    flat_grad = grad.reshape(flat_idx.shape[0], -1)
+    if padding_idx >= 0:
+        flat_grad = jnp.where((flat_idx == padding_idx)[:, None], 0, flat_grad)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[flat_idx].add(1)
+        flat_grad = flat_grad / counts[flat_idx][:, None]
+    out = jnp.zeros((num_weights, flat_grad.shape[1]), grad.dtype)
+    return out.at[flat_idx].add(flat_grad)
+
+
+# -------------------------------------------------------------------------------------- attention
+def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    scale = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=_HIGHEST) * scale
+    if is_causal:
+        causal = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_))
+        scores = jnp.where(causal, scores, -jnp.inf)
+    if attn_mask is not None:
+        if attn_mask.dtype == jnp.bool_:
+            scores = jnp.where(attn_mask, scores, -jnp.inf)
+        else:
+            scores = scores + attn_mask
+    lse = jax.scipy.special.logsumexp(scores, axis=-1)
+    probs = jnp.exp(scores - lse[..., None])
+    return jnp.matmul(probs, v, precision=_HIGHEST), lse
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    if dropout_p:
+        raise NotImplementedError("flash attention with dropout has no exact XLA lowering")
+    return _attention(q, k, v, attn_mask, is_causal, scale)
+
+
+@register(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _sdpa_flash_cpu_backward(
+    grad, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
+):
+    def forward(qq, kk, vv):
+        return _attention(qq, kk, vv, attn_mask, is_causal, scale)[0]
+
+    return jax.vjp(forward, q, k, v)[1](grad)

@@ -1,0 +1,288 @@
+"""Lowerings of elementwise ops, comparisons and activation backward formulas."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from fusedops.xla.lower import (
+    _is_float,
+    register,
+)
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+# ----------------------------------------------------------------------------- elementwise unary
+_UNARY = {
+    aten.abs.default: jnp.abs,
+    aten.neg.default: jnp.negative,
+    aten.exp.default: jnp.exp,
+    aten.exp2.default: jnp.exp2,
+    aten.expm1.default: jnp.expm1,
+    aten.log.default: jnp.log,
+    aten.log1p.default: jnp.log1p,
+    aten.log2.default: jnp.log2,
+    aten.log10.default: jnp.log10,
+    aten.sqrt.default: jnp.sqrt,
+    aten.rsqrt.default: lax.rsqrt,
+    aten.sin.default: jnp.sin,
+    aten.cos.default: jnp.cos,
+    aten.tan.default: jnp.tan,
+    aten.asin.default: jnp.arcsin,
+    aten.acos.default: jnp.arccos,
+    aten.atan.default: jnp.arctan,
+    aten.sinh.default: jnp.sinh,
+    aten.cosh.default: jnp.cosh,
+    aten.tanh.default: jnp.tanh,
+    aten.asinh.default: jnp.arcsinh,
+    aten.acosh.default: jnp.arccosh,
+    aten.atanh.default: jnp.arctanh,
+    aten.sigmoid.default: jax.nn.sigmoid,
+    aten.relu.default: jax.nn.relu,
+    aten.erf.default: jax.scipy.special.erf,
+    aten.erfc.default: jax.scipy.special.erfc,
+    aten.erfinv.default: jax.scipy.special.erfinv,
+    aten.floor.default: jnp.floor,
+    aten.ceil.default: jnp.ceil,
+    aten.round.default: jnp.round,
+    aten.trunc.default: jnp.trunc,
+    aten.sign.default: jnp.sign,
+    aten.sgn.default: jnp.sign,
+    aten.reciprocal.default: jnp.reciprocal,
+    aten.logical_not.default: jnp.logical_not,
+    aten.bitwise_not.default: jnp.invert,
+    aten.isnan.default: jnp.isnan,
+    aten.isinf.default: jnp.isinf,
+    aten.isfinite.default: jnp.isfinite,
+    aten.lgamma.default: jax.scipy.special.gammaln,
+    aten.digamma.default: jax.scipy.special.digamma,
+    aten.silu.default: jax.nn.silu,
+    aten.mish.default: lambda x: x * jnp.tanh(jax.nn.softplus(x)),
+    aten.hardsigmoid.default: lambda x: jnp.clip(x / 6 + 0.5, 0, 1),
+    aten.hardswish.default: lambda x: x * jnp.clip(x / 6 + 0.5, 0, 1),
+    aten.frac.default: lambda x: x - jnp.trunc(x),
+    aten.square.default: jnp.square,
+}
+for _op, _fn in _UNARY.items():
+    register(_op)(_fn)
+
+
+@register(
+    aten.clone.default,
+    aten.alias.default,
+    aten.lift_fresh_copy.default,
+    aten.detach.default,
+    aten.contiguous.default,
+    aten.positive.default,
+)
+def _identity(x, *args, **kwargs):
+    return x
+
+
+@register(aten.gelu.default)
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+        return 0.5 * x * (1 + jnp.tanh(inner))
+    return 0.5 * x * (1 + jax.scipy.special.erf(x * (1 / math.sqrt(2))))
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@register(aten.elu.default)
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@register(aten.softplus.default)
+def _softplus(x, beta=1.0, threshold=20.0):
+    return jnp.where(x * beta > threshold, x, jnp.log1p(jnp.exp(x * beta)) / beta)
+
+
+@register(aten.threshold.default)
+def _threshold(x, threshold, value):
+    return jnp.where(x <= threshold, value, x)
+
+
+@register(aten.nan_to_num.default)
+def _nan_to_num(x, nan=0.0, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)
+
+
+# ---------------------------------------------------------------------------- elementwise binary
+@register(aten.add.Tensor, aten.add.Scalar)
+def _add(a, b, alpha=1):
+    return a + (b * alpha if alpha != 1 else b)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(a, b, alpha=1):
+    return a - (b * alpha if alpha != 1 else b)
+
+
+@register(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(a, b, alpha=1):
+    return b - (a * alpha if alpha != 1 else a)
+
+
+@register(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(a, b):
+    return a * b
+
+
+@register(aten.div.Tensor, aten.div.Scalar)
+def _div(a, b):
+    return jnp.true_divide(a, b)
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(a, b, rounding_mode=None):
+    if rounding_mode is None:
+        return jnp.true_divide(a, b)
+    if rounding_mode == "floor":
+        return jnp.floor_divide(a, b)
+    if _is_float(a) or _is_float(b):
+        return jnp.trunc(jnp.true_divide(a, b))
+    a, b = jnp.broadcast_arrays(jnp.asarray(a), jnp.asarray(b))
+    return lax.div(a, b.astype(a.dtype))
+
+
+_BINARY = {
+    aten.remainder.Tensor: jnp.remainder,
+    aten.remainder.Scalar: jnp.remainder,
+    aten.fmod.Tensor: jnp.fmod,
+    aten.fmod.Scalar: jnp.fmod,
+    aten.pow.Tensor_Tensor: jnp.power,
+    aten.pow.Tensor_Scalar: jnp.power,
+    aten.pow.Scalar: jnp.power,
+    aten.maximum.default: jnp.maximum,
+    aten.minimum.default: jnp.minimum,
+    aten.fmax.default: jnp.fmax,
+    aten.fmin.default: jnp.fmin,
+    aten.atan2.default: jnp.arctan2,
+    aten.hypot.default: jnp.hypot,
+    aten.copysign.Tensor: jnp.copysign,
+    aten.floor_divide.default: jnp.floor_divide,
+    aten.xlogy.Tensor: jax.scipy.special.xlogy,
+    aten.eq.Tensor: jnp.equal,
+    aten.eq.Scalar: jnp.equal,
+    aten.ne.Tensor: jnp.not_equal,
+    aten.ne.Scalar: jnp.not_equal,
+    aten.lt.Tensor: jnp.less,
+    aten.lt.Scalar: jnp.less,
+    aten.le.Tensor: jnp.less_equal,
+    aten.le.Scalar: jnp.less_equal,
+    aten.gt.Tensor: jnp.greater,
+    aten.gt.Scalar: jnp.greater,
+    aten.ge.Tensor: jnp.greater_equal,
+    aten.ge.Scalar: jnp.greater_equal,
+    aten.logical_and.default: jnp.logical_and,
+    aten.logical_or.default: jnp.logical_or,
+    aten.logical_xor.default: jnp.logical_xor,
+    aten.bitwise_and.Tensor: jnp.bitwise_and,
+    aten.bitwise_and.Scalar: jnp.bitwise_and,
+    aten.bitwise_or.Tensor: jnp.bitwise_or,
+    aten.bitwise_or.Scalar: jnp.bitwise_or,
+    aten.bitwise_xor.Tensor: jnp.bitwise_xor,
+    aten.bitwise_xor.Scalar: jnp.bitwise_xor,
+}
+for _op, _fn in _BINARY.items():
+    register(_op)(_fn)
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(cond, a, b):
+    return jnp.where(cond, a, b)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(x, min=None, max=None):  # noqa: A002
+    if min is not None:
+        x = jnp.maximum(x, jnp.asarray(min, x.dtype) if not hasattr(min, "shape") else min)
+    if max is not None:
+        x = jnp.minimum(x, jnp.asarray(max, x.dtype) if not hasattr(max, "shape") else max)
+    return x
+
+
+@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(x, min):  # noqa: A002
+    return _clamp(x, min=min)
+
+
+@register(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(x, max):  # noqa: A002
+    return _clamp(x, max=max)
+
+
+@register(aten.lerp.Scalar, aten.lerp.Tensor)
+def _lerp(a, b, weight):
+    return a + weight * (b - a)
+
+
+@register(aten.addcmul.default)
+def _addcmul(x, t1, t2, value=1):
+    return x + value * t1 * t2
+
+
+@register(aten.addcdiv.default)
+def _addcdiv(x, t1, t2, value=1):
+    return x + value * t1 / t2
+
+
+@register(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value, x.dtype), x)
+
+
+# ------------------------------------------------------------------ activation backward formulas
+@register(aten.threshold_backward.default)
+def _threshold_backward(grad, x, threshold):
+    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
+
+
+@register(aten.sigmoid_backward.default)
+def _sigmoid_backward(grad, out):
+    return grad * out * (1 - out)
+
+
+@register(aten.tanh_backward.default)
+def _tanh_backward(grad, out):
+    return grad * (1 - out * out)
+
+
+def _vjp_unary(forward):
+    def backward(grad, x, *args):
+        _, pullback = jax.vjp(lambda v: forward(v, *args), x)
+        return pullback(grad)[0]
+
+    return backward
+
+
+register(aten.gelu_backward.default)(
+    lambda grad, x, approximate="none": _vjp_unary(_gelu)(grad, x, approximate)
+)
+register(aten.silu_backward.default)(_vjp_unary(jax.nn.silu))
+register(aten.hardtanh_backward.default)(_vjp_unary(_hardtanh))
+register(aten.softplus_backward.default)(_vjp_unary(_softplus))
+register(aten.mish_backward.default)(_vjp_unary(_UNARY[aten.mish.default]))
+register(aten.hardsigmoid_backward.default)(_vjp_unary(_UNARY[aten.hardsigmoid.default]))
+register(aten.hardswish_backward.default)(_vjp_unary(_UNARY[aten.hardswish.default]))
+
+
+@register(aten.leaky_relu_backward.default)
+def _leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    return jnp.where(x > 0, grad, grad * negative_slope)

@@ -1,0 +1,131 @@
+"""One ATen FX graph -> one jitted XLA program, called with torch tensors.
+
+``JaxProgram(gm)`` interprets the graph with the lowering table (``lower.LOWERINGS``) inside
+``jax.jit``; shapes are static, so each program compiles once on its first call. Every node's
+result is checked against the FX node's FakeTensor (shape) and cast to its dtype, so torch's
+type promotion holds. Calls run with 64-bit types enabled, so int64/float64 stay exact.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from fusedops.xla import bridge, cache, lower, rng
+from fusedops.xla.errors import XLATraceError
+
+
+def _fix(value, meta, node):
+    """Cast ``value`` to the dtype torch gives ``node``; raise if the shape disagrees."""
+    if isinstance(meta, torch.Tensor):
+        if value is None:
+            return None
+        value = jnp.asarray(value)
+        if tuple(value.shape) != tuple(meta.shape):
+            raise XLATraceError(
+                f"lowering of {node.target} gave shape {tuple(value.shape)}, "
+                f"torch gives {tuple(meta.shape)} (node {node.name})"
+            )
+        dtype = lower.jax_dtype(meta.dtype)
+        return value if value.dtype == dtype else value.astype(dtype)
+    if isinstance(meta, (tuple, list)) and isinstance(value, (tuple, list)):
+        return tuple(_fix(v, m, node) for v, m in zip(value, meta))
+    return value
+
+
+class JaxProgram:
+    """A callable running ``gm`` (ATen ops only, static shapes) as one XLA program.
+
+    Called with a list of torch tensors (the graph's placeholders, in order); returns a list of
+    torch tensors (the graph's outputs; None stays None). ``compile_s`` holds the first call's
+    time (trace + XLA compile + run).
+    """
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "region"):
+        cache.configure()
+        self.gm, self.name = gm, name
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        output = next(n for n in self.nodes if n.op == "output")
+        outs = output.args[0]
+        self.single = not isinstance(outs, (tuple, list))
+        self.outputs = [outs] if self.single else list(outs)
+        self.random_ops = [
+            n for n in self.nodes if n.op == "call_function" and n.target in lower.NEEDS_KEY
+        ]
+        # unique computed outputs; outputs that are inputs return the input tensor itself
+        self._computed = []
+        for o in self.outputs:
+            if isinstance(o, torch.fx.Node) and o.op != "placeholder" and o not in self._computed:
+                self._computed.append(o)
+        self._returns_inputs = any(
+            isinstance(o, torch.fx.Node) and o.op == "placeholder" for o in self.outputs
+        )
+        self._constants = {}
+        for n in self.nodes:
+            if n.op == "get_attr":
+                value = getattr(gm, n.target)
+                if isinstance(value, torch.Tensor):
+                    with unset_fake_temporarily():
+                        value = jnp.asarray(value.detach().cpu().numpy())
+                self._constants[n.target] = value
+        with jax.enable_x64(True):
+            self._jitted = jax.jit(self._run)
+        self.compile_s: float | None = None
+
+    def _run(self, seed, *args):
+        env: dict[torch.fx.Node, object] = dict(zip(self.placeholders, args))
+        random_index = {n: i for i, n in enumerate(self.random_ops)}
+        for node in self.nodes:
+            if node.op == "get_attr":
+                env[node] = self._constants[node.target]
+            elif node.op == "call_function":
+                a, kw = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+                if node.target is operator.getitem:
+                    env[node] = a[0][a[1]]
+                    continue
+                fn = lower.LOWERINGS[node.target]
+                if node.target in lower.NEEDS_META:
+                    kw = {**kw, "meta": node.meta["val"]}
+                if node.target in lower.NEEDS_KEY:
+                    kw = {**kw, "key": rng.key_for(seed, random_index[node])}
+                env[node] = _fix(fn(*a, **kw), node.meta.get("val"), node)
+            elif node.op not in ("placeholder", "output"):
+                raise XLATraceError(f"cannot lower FX node {node.op} {node.target}")
+        return tuple(env[o] for o in self._computed)
+
+    def __call__(self, args) -> list:
+        start = time.perf_counter() if self.compile_s is None else None
+        seed = rng.next_seed() if self.random_ops else None
+        with jax.enable_x64(True):
+            results = self._jitted(seed, *[bridge.to_jax(a) for a in args])
+            jax.block_until_ready(results)
+        converted = {
+            node: (None if r is None else bridge.to_torch(r))
+            for node, r in zip(self._computed, results)
+        }
+        inputs = dict(zip(self.placeholders, args)) if self._returns_inputs else {}
+        outs = []
+        for o in self.outputs:
+            if isinstance(o, torch.fx.Node):
+                outs.append(inputs[o] if o.op == "placeholder" else converted[o])
+            else:
+                outs.append(o)
+        if start is not None:
+            self.compile_s = time.perf_counter() - start
+        return outs
+
+
+def unsupported_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """Names of the ATen ops in ``gm`` with no lowering (sorted, unique)."""
+    return lower.op_names(
+        n.target
+        for n in gm.graph.nodes
+        if n.op == "call_function" and not lower.supported(n.target)
+    )

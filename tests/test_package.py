@@ -48,7 +48,10 @@ def test_info_prints_the_availability_table():
 def test_demo_prints_the_table():
     done = _run("-m", "fusedops", "demo", "--steps", "2", "--batch", "4")
     assert done.returncode == 0, done.stderr
-    for needle in ("plain PyTorch", "fusedops hooks", "final loss", "quick_gelu", "ran on"):
+    for needle in ("plain PyTorch", "fusedops hooks", "partial_trace(xla)", "final loss"):
+        assert needle in done.stdout
+    # the hooks configuration really ran the fused classes and recorded each op's backend
+    for needle in ("FusedAdamW", "fusedops.nn.layer_norm.LayerNorm", "quick_gelu", "ran on"):
         assert needle in done.stdout
 
 

@@ -8,7 +8,7 @@ access: ``import fusedops`` imports neither torch, triton nor JAX and initialise
 
 from __future__ import annotations
 
-import importlib
+from fusedops._lazy import lazy_module
 
 __version__ = "0.1.0"
 
@@ -24,16 +24,4 @@ _SUBMODULES = ("dispatch", "hooks", "kernels", "nn", "ops", "optim", "testing", 
 
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 
-
-def __getattr__(name: str):
-    if name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"fusedops.{name}")
-    raise AttributeError(f"module 'fusedops' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_module(globals(), _ATTRIBUTES, _SUBMODULES)

@@ -7,16 +7,10 @@ launch. Loaded on first access.
 
 from __future__ import annotations
 
-import importlib
+from fusedops._lazy import lazy_module
 
 _ATTRIBUTES = {"FusedAdam": "fusedops.optim.adam", "FusedAdamW": "fusedops.optim.adam"}
 
 __all__ = sorted(_ATTRIBUTES)
 
-
-def __getattr__(name: str):
-    if name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fusedops.optim' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_module(globals(), _ATTRIBUTES)

@@ -7,7 +7,7 @@ as one XLA program. Attributes load on first access: ``import fusedops.xla`` doe
 
 from __future__ import annotations
 
-import importlib
+from fusedops._lazy import lazy_module
 
 _ATTRIBUTES = {
     "partial_trace": "fusedops.xla.api",
@@ -19,14 +19,4 @@ _ATTRIBUTES = {
 
 __all__ = sorted(_ATTRIBUTES)
 
-
-def __getattr__(name: str):
-    if name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'fusedops.xla' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_module(globals(), _ATTRIBUTES)

@@ -13,7 +13,15 @@ import gc
 import sys
 
 import torch
-from common import append_rows, copy_bandwidth_gbps, gbps, median_ms, print_rows, require_cuda
+from common import (
+    append_rows,
+    compiled,
+    copy_bandwidth_gbps,
+    gbps,
+    median_ms,
+    print_rows,
+    require_cuda,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 PASSES = 7
@@ -57,7 +65,7 @@ def optimizers(params):
 
     def compiled_step():
         opt = torch.optim.AdamW(params, lr=torch.tensor(1e-3, device="cuda"), capturable=True)
-        return torch.compile(opt.step)
+        return compiled(opt.step)
 
     return {
         "fusedops-cuda": lambda: FusedAdamW(params, lr=1e-3, backend="cuda").step,

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from common import (
     append_rows,
+    compiled,
     copy_bandwidth_gbps,
     gbps,
     median_ms,
@@ -49,7 +50,7 @@ def providers(op: str) -> dict:
         "fusedops-cuda": fused(op, "cuda"),
         "fusedops-triton": fused(op, "triton"),
         "torch-eager": eager(op),
-        "torch-compile": torch.compile(eager(op)),
+        "torch-compile": compiled(eager(op)),
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from common import (
     append_rows,
+    compiled,
     copy_bandwidth_gbps,
     gbps,
     median_ms,
@@ -34,8 +35,8 @@ def providers():
     import fusedops
     from fusedops.ops.quick_gelu import _quick_gelu_backward_op
 
-    compiled_forward = torch.compile(eager_forward)
-    compiled_backward = torch.compile(eager_backward)
+    compiled_forward = compiled(eager_forward)
+    compiled_backward = compiled(eager_backward)
     return {
         "fusedops-cuda": (
             lambda x: fusedops.quick_gelu(x, backend="cuda"),

@@ -58,6 +58,15 @@ def rotating(make_inputs: Callable[[], tuple], bytes_per_set: int) -> Callable[[
     return lambda: next(cycle)
 
 
+def compiled(fn: Callable) -> Callable:
+    """``torch.compile(fn)`` with static shapes and room for one graph per benchmarked shape
+    (a sweep would otherwise hit Dynamo's recompile limit and silently time eager code)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 1024))
+    return torch.compile(fn, dynamic=False)
+
+
 def gbps(bytes_moved: int, ms: float) -> float:
     """GB/s for ``bytes_moved`` in ``ms`` milliseconds."""
     return bytes_moved / ms / 1e6

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on a GPU machine (H100/H200): build the CUDA extension, run the test suite on the GPU
+# and the benchmarks, writing one log and the benchmark CSVs under $OUT (default results/).
+#
+#   bash benchmarks/gpu_check.sh [STAGE[:SECONDS] ...]
+#
+# Stages: env build info test xla demo bench-quick_gelu bench-layer_norm bench-adam bench-xla
+# (default: env build info test bench-quick_gelu bench-adam). Each stage runs under a time
+# limit (SECONDS, default 300) so one slow stage cannot hide the results of the others. It uses
+# the machine's own python3 (torch, triton, jax preinstalled, no network) with this checkout
+# on PYTHONPATH; nothing is installed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/results}"
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# JAX shares the GPU with torch: no preallocation of 75% of its memory.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+PY="${PYTHON:-python3}"
+failed=()
+
+stage() {
+    case "$1" in
+    env) nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv &&
+        "$PY" -c "import torch, triton, jax; print('torch', torch.__version__, 'cuda',
+torch.version.cuda, '| triton', triton.__version__, '| jax', jax.__version__, jax.devices())" ;;
+    build) "$PY" -m fusedops build ;;
+    info) "$PY" -m fusedops info ;;
+    test) "$PY" -m pytest -q -p no:cacheprovider -rfEs --ignore=tests/xla tests ;;
+    xla) "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/xla ;;
+    demo) "$PY" -m fusedops demo ;;
+    bench-*) "$PY" "benchmarks/bench_${1#bench-}.py" ;;
+    *) echo "unknown stage $1" && return 2 ;;
+    esac
+}
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(env build info test bench-quick_gelu bench-adam)
+for spec in "${stages[@]}"; do
+    name="${spec%%:*}"
+    seconds=300
+    [[ "$spec" == *:* ]] && seconds="${spec##*:}"
+    start=$(date +%s)
+    echo "=== $name (limit ${seconds}s) $(date -u +%H:%M:%S)" | tee -a "$LOG"
+    timeout "$seconds" bash -c "$(declare -f stage); PY='$PY'; stage '$name'" 2>&1 | tee -a "$LOG"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc in $(($(date +%s) - start))s" | tee -a "$LOG"
+    [ "$rc" -ne 0 ] && failed+=("$name")
+done
+if [ "$OUT" != benchmarks/results ]; then
+    cp benchmarks/results/*.csv "$OUT"/ 2>/dev/null
+fi
+echo "=== failed stages: ${failed[*]:-none}" | tee -a "$LOG"
+[ ${#failed[@]} -eq 0 ]

@@ -101,25 +101,26 @@ def main(argv: list[str]) -> None:
                     gc.collect()
                     torch.cuda.empty_cache()
                 rate = gbps(moved, ms)
-                rows.append(
-                    {
-                        "op": "adamw_step",
-                        "provider": name,
-                        "model": model,
-                        "dtype": str(dtype).removeprefix("torch."),
-                        "tensors": len(params),
-                        "numel": numel,
-                        "ms": f"{ms:.4f}",
-                        "GB/s": f"{rate:.0f}",
-                        "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
-                    }
-                )
+                row = {
+                    "op": "adamw_step",
+                    "provider": name,
+                    "model": model,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "tensors": len(params),
+                    "numel": numel,
+                    "ms": f"{ms:.4f}",
+                    "GB/s": f"{rate:.0f}",
+                    "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                }
+                # one row at a time: a slow provider (torch.compile of a long list) cut off by a
+                # time limit keeps the rows already measured
+                rows.append(row)
+                append_rows([row])
+                print(row, flush=True)
             del params
             gc.collect()
             torch.cuda.empty_cache()
     print_rows(rows)
-    if rows:
-        print(f"appended to {append_rows(rows)}")
 
 
 if __name__ == "__main__":

@@ -33,18 +33,18 @@ def eager_backward(grad, x):
 
 def providers():
     import fusedops
-    from fusedops.ops.quick_gelu import _quick_gelu_backward_op
+    from fusedops.ops.quick_gelu import _backward_body  # what eager autograd runs
 
     compiled_forward = compiled(eager_forward)
     compiled_backward = compiled(eager_backward)
     return {
         "fusedops-cuda": (
             lambda x: fusedops.quick_gelu(x, backend="cuda"),
-            lambda g, x: _quick_gelu_backward_op(g, x, "cuda"),
+            lambda g, x: _backward_body(g, x, "cuda"),
         ),
         "fusedops-triton": (
             lambda x: fusedops.quick_gelu(x, backend="triton"),
-            lambda g, x: _quick_gelu_backward_op(g, x, "triton"),
+            lambda g, x: _backward_body(g, x, "triton"),
         ),
         "torch-eager": (eager_forward, eager_backward),
         "torch-compile": (compiled_forward, compiled_backward),

@@ -111,6 +111,14 @@ def backends_under_test() -> list[str]:
     return backends
 
 
+def autohooks_installed() -> bool:
+    """Whether this interpreter's site-packages hold fusedops_hooks.pth (installed package)."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any((Path(d) / "fusedops_hooks.pth").exists() for d in dirs)
+
+
 def run_python(
     *args: str,
     cwd,
@@ -119,12 +127,16 @@ def run_python(
     timeout: float = 300,
 ) -> subprocess.CompletedProcess:
     """Run ``python *args`` in a fresh interpreter with this checkout (and ``path``) importable,
-    FUSEDOPS_HOOKS unset unless ``env`` sets it; returns the completed process (text output)."""
+    FUSEDOPS_HOOKS unset unless ``env`` sets it; returns the completed process (text output).
+    Where the package is not installed (a source checkout on PYTHONPATH), ``-c`` code with
+    FUSEDOPS_HOOKS set first does what the installed .pth file does at interpreter start."""
     repo = Path(__file__).resolve().parent.parent
     environment = {**os.environ, **(env or {})}
     if "FUSEDOPS_HOOKS" not in (env or {}):
         environment.pop("FUSEDOPS_HOOKS", None)
     environment["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(repo)])
+    if "FUSEDOPS_HOOKS" in (env or {}) and args[:1] == ("-c",) and not autohooks_installed():
+        args = ("-c", "import fusedops._autohooks\n" + args[1], *args[2:])
     return subprocess.run(
         [sys.executable, *args],
         capture_output=True,

@@ -8,6 +8,7 @@ import torch
 import fusedops
 from fusedops import dispatch
 from fusedops.kernels.cuda import build
+from fusedops.testing import device_under_test
 
 fusedops.ops.load_all()
 
@@ -23,7 +24,7 @@ def test_cpu_tensor_goes_to_reference(monkeypatch):
 
 
 def test_explicit_choice_order(monkeypatch):
-    x = torch.ones(2)
+    x = torch.ones(2, device=device_under_test())  # triton takes it (GPU, or the interpreter)
     monkeypatch.setenv("FUSEDOPS_BACKEND", "reference")
     with dispatch.use_backend("triton"):
         assert dispatch.select_name("quick_gelu", x) == "triton"  # context beats env

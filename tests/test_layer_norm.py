@@ -4,6 +4,8 @@ The oracle is ``torch.nn.functional.layer_norm`` / ``rms_norm`` in float64 (with
 dx, dweight, dbias), independent of fusedops' own reference (which is one of the backends checked).
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -64,22 +66,40 @@ def _oracle(op, x, shape, weight, bias, grad, eps=EPS):
     return y, x64.grad, *(None if p is None else p.grad for p in (w64, b64))
 
 
-def _check(actual, expected, x_dtype, weight, bias):
+def _error_scales(op, x, shape, weight, grad, eps=EPS):
+    """Tolerance scales of (dx, dweight/dbias) for these inputs.
+
+    dx is ``rstd * (g - xhat * c1 - c2)``: a difference of terms of size ``|g| * rstd``, so any
+    fp32 kernel's rounding error is relative to that size, not to |dx| (rstd reaches
+    1/sqrt(eps) ~ 316 when a row's variance is near 0, as with N = 1). dweight and dbias sum M
+    products: rounding grows like sqrt(M)."""
+    rows = x.detach().double().reshape(-1, math.prod(shape))
+    centered = rows if op == "rms_norm" else rows - rows.mean(dim=1, keepdim=True)
+    rstd = torch.rsqrt(centered.square().mean(dim=1, keepdim=True) + eps)
+    g = grad.double().reshape(rows.shape).abs()
+    if weight is not None:
+        g = g * weight.detach().double().reshape(-1).abs()
+    terms = (g * rstd).max().item() if rows.numel() else 1.0
+    return max(1.0, terms / 3.0), max(1.0, math.sqrt(rows.shape[0]) / 2.0)
+
+
+def _check(actual, expected, x_dtype, weight, bias, scales=(1.0, 1.0)):
     y, dx, dweight, dbias = actual
     y_ref, dx_ref, dweight_ref, dbias_ref = expected
+    dx_scale, sum_scale = scales
     assert y.dtype == x_dtype and dx.dtype == x_dtype
     assert_close(y, y_ref, msg="forward")
-    assert_close(dx, dx_ref, msg="dx")
+    assert_close(dx, dx_ref, scale=dx_scale, msg="dx")
     if weight is None:
         assert dweight is None
     else:
         assert dweight.dtype == weight.dtype
-        assert_close(dweight, dweight_ref, msg="dweight")
+        assert_close(dweight, dweight_ref, scale=sum_scale, msg="dweight")
     if bias is None:
         assert dbias is None
     else:
         assert dbias.dtype == bias.dtype
-        assert_close(dbias, dbias_ref, msg="dbias")
+        assert_close(dbias, dbias_ref, scale=sum_scale, msg="dbias")
 
 
 def _case(op, lead, normalized, dtype, affine, backend, weight_dtype=None, eps=EPS):
@@ -87,7 +107,9 @@ def _case(op, lead, normalized, dtype, affine, backend, weight_dtype=None, eps=E
     grad = random_tensor(x.shape, dtype, DEVICE)
     weight, bias = _params(op, normalized, weight_dtype or dtype, affine)
     actual = _run(op, x, normalized, weight, bias, grad, backend, eps)
-    _check(actual, _oracle(op, x, normalized, weight, bias, grad, eps), dtype, weight, bias)
+    expected = _oracle(op, x, normalized, weight, bias, grad, eps)
+    scales = _error_scales(op, x, normalized, weight, grad, eps)
+    _check(actual, expected, dtype, weight, bias, scales)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

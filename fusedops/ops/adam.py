@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
+from fusedops.ops._eager import eager_fast_path
 
 
 def _reference_step(
@@ -108,6 +109,34 @@ dispatch.register_op(
 )
 
 
+def _adam_step_body(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
+    beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
+    backend=None,
+) -> None:  # fmt: skip
+    """The step itself (types: ``_adam_step_op``), shared by the custom op and the eager path."""
+    torch._foreach_add_(steps, 1)
+    kernel_lists = _nonempty(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps)
+    if kernel_lists[0]:
+        implementation = dispatch.select("adam", kernel_lists[0][0], backend=backend)
+        implementation.step(
+            *kernel_lists,
+            lr=lr,
+            lr_tensor=lr_tensor,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            decoupled=decoupled,
+            grad_scale=grad_scale,
+            found_inf=found_inf,
+        )
+    if found_inf is not None:
+        torch._foreach_sub_(steps, [found_inf] * len(steps))
+
+
 @torch.library.custom_op(
     "fusedops::adam_step",
     mutates_args=(
@@ -141,26 +170,11 @@ def _adam_step_op(
     found_inf: torch.Tensor | None,
     backend: str | None = None,
 ) -> None:
-    torch._foreach_add_(steps, 1)
-    kernel_lists = _nonempty(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps)
-    if kernel_lists[0]:
-        implementation = dispatch.select("adam", kernel_lists[0][0], backend=backend)
-        implementation.step(
-            *kernel_lists,
-            lr=lr,
-            lr_tensor=lr_tensor,
-            beta1=beta1,
-            beta2=beta2,
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=amsgrad,
-            maximize=maximize,
-            decoupled=decoupled,
-            grad_scale=grad_scale,
-            found_inf=found_inf,
-        )
-    if found_inf is not None:
-        torch._foreach_sub_(steps, [found_inf] * len(steps))
+    _adam_step_body(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
+        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
+        backend,
+    )  # fmt: skip
 
 
 @_adam_step_op.register_fake
@@ -214,7 +228,9 @@ def adam_step(
             lr.detach().reshape(()).to(device=device, dtype=torch.float32, non_blocking=True)
         )
         lr = 0.0
-    _adam_step_op(
+    # eager: the body directly (ops/_eager.py); compile/export/subclasses: the custom op
+    step = _adam_step_body if eager_fast_path(*params, *grads) else _adam_step_op
+    step(
         params,
         grads,
         exp_avgs,

@@ -29,6 +29,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
+from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
@@ -127,6 +128,26 @@ def _grad_or_empty(grad: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 # Custom ops: x is 2-D (M, N) and contiguous; weight and bias are (N,) or None.
 
 
+def _layer_norm_forward(x, weight, bias, eps, backend):
+    return dispatch.select("layer_norm", x, backend=backend).layer_norm_forward(
+        x, weight, bias, eps
+    )
+
+
+def _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, backend):
+    impl = dispatch.select("layer_norm", x, backend=backend)
+    return impl.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
+
+
+def _rms_norm_forward(x, weight, eps, backend):
+    return dispatch.select("rms_norm", x, backend=backend).rms_norm_forward(x, weight, eps)
+
+
+def _rms_norm_backward_body(dy, x, weight, rstd, backend):
+    impl = dispatch.select("rms_norm", x, backend=backend)
+    return impl.rms_norm_backward(dy.contiguous(), x, weight, rstd)
+
+
 @torch.library.custom_op("fusedops::layer_norm", mutates_args=())
 def _layer_norm_op(
     x: torch.Tensor,
@@ -135,8 +156,7 @@ def _layer_norm_op(
     eps: float,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    impl = dispatch.select("layer_norm", x, backend=backend)
-    return impl.layer_norm_forward(x, weight, bias, eps)
+    return _layer_norm_forward(x, weight, bias, eps, backend)
 
 
 @_layer_norm_op.register_fake
@@ -155,8 +175,7 @@ def _layer_norm_backward_op(
     rstd: torch.Tensor,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    impl = dispatch.select("layer_norm", x, backend=backend)
-    dx, dweight, dbias = impl.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
+    dx, dweight, dbias = _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, backend)
     return dx, _grad_or_empty(dweight, x), _grad_or_empty(dbias, x)
 
 
@@ -196,7 +215,7 @@ _layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm
 def _rms_norm_op(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, backend: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return dispatch.select("rms_norm", x, backend=backend).rms_norm_forward(x, weight, eps)
+    return _rms_norm_forward(x, weight, eps, backend)
 
 
 @_rms_norm_op.register_fake
@@ -213,8 +232,7 @@ def _rms_norm_backward_op(
     rstd: torch.Tensor,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    impl = dispatch.select("rms_norm", x, backend=backend)
-    dx, dweight = impl.rms_norm_backward(dy.contiguous(), x, weight, rstd)
+    dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, backend)
     return dx, _grad_or_empty(dweight, x)
 
 
@@ -239,6 +257,40 @@ def _rms_norm_backward(ctx, dy, _drstd):
 
 
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    """The eager path (ops/_eager.py): the custom op's bodies without its wrappers. Classic
+    ``forward(ctx, ...)``: a separate setup_context makes ``apply`` bind arguments through
+    ``inspect.signature`` on every call."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, backend):
+        output = _layer_norm_forward(x, weight, bias, eps, backend)
+        _layer_norm_setup_context(ctx, (x, weight, bias, eps, backend), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _drstd):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, ctx.backend)
+        return dx, dweight, dbias, None, None
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """The eager path of rms_norm (ops/_eager.py)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, backend):
+        output = _rms_norm_forward(x, weight, eps, backend)
+        _rms_norm_setup_context(ctx, (x, weight, eps, backend), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, _drstd):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, ctx.backend)
+        return dx, dweight, None, None
 
 
 # ------------------------------------------------------------------------------------------
@@ -298,7 +350,9 @@ def layer_norm(
     torch.compile and torch.export. backend: "cuda" | "triton" | "reference" to force one.
     """
     rows, params = _as_rows(x, normalized_shape, {"weight": weight, "bias": bias})
-    y, _, _ = _layer_norm_op(rows, params["weight"], params["bias"], float(eps), backend)
+    weight, bias = params["weight"], params["bias"]
+    op = _LayerNormFunction.apply if eager_fast_path(rows, weight, bias) else _layer_norm_op
+    y, _, _ = op(rows, weight, bias, float(eps), backend)
     return y.view(x.shape)
 
 
@@ -319,5 +373,7 @@ def rms_norm(
     rows, params = _as_rows(x, normalized_shape, {"weight": weight})
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    y, _ = _rms_norm_op(rows, params["weight"], float(eps), backend)
+    weight = params["weight"]
+    op = _RMSNormFunction.apply if eager_fast_path(rows, weight) else _rms_norm_op
+    y, _ = op(rows, weight, float(eps), backend)
     return y.view(x.shape)

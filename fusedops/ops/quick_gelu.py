@@ -12,6 +12,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_tensor
+from fusedops.ops._eager import eager_fast_path
 
 ALPHA = 1.702
 
@@ -38,9 +39,22 @@ dispatch.register_op(
 )
 
 
+def _forward(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+    return dispatch.select("quick_gelu", x, backend=backend).forward(x)
+
+
+def _backward_body(grad: torch.Tensor, x: torch.Tensor, backend: str | None) -> torch.Tensor:
+    return dispatch.select("quick_gelu", x, backend=backend).backward(grad.contiguous(), x)
+
+
+# ------------------------------------------------------------------------------------------
+# Custom ops (torch.compile, torch.export, subclasses) and the eager autograd.Function: the
+# same bodies (see ops/_eager.py).
+
+
 @torch.library.custom_op("fusedops::quick_gelu", mutates_args=())
 def _quick_gelu_op(x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    return dispatch.select("quick_gelu", x, backend=backend).forward(x)
+    return _forward(x, backend)
 
 
 @_quick_gelu_op.register_fake
@@ -52,7 +66,7 @@ def _(x, backend=None):
 def _quick_gelu_backward_op(
     grad: torch.Tensor, x: torch.Tensor, backend: str | None = None
 ) -> torch.Tensor:
-    return dispatch.select("quick_gelu", x, backend=backend).backward(grad.contiguous(), x)
+    return _backward_body(grad, x, backend)
 
 
 @_quick_gelu_backward_op.register_fake
@@ -75,6 +89,21 @@ def _backward(ctx, grad):
 _quick_gelu_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _QuickGELUFunction(torch.autograd.Function):
+    """The eager path (ops/_eager.py); classic ``forward(ctx, ...)`` (cheaper ``apply``)."""
+
+    @staticmethod
+    def forward(ctx, x, backend):
+        output = _forward(x, backend)
+        _setup_context(ctx, (x, backend), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return _backward_body(grad, x, ctx.backend), None
+
+
 def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """QuickGELU ``x * sigmoid(1.702 * x)``, elementwise.
 
@@ -83,4 +112,7 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
     """
     check_tensor(x, "x")
-    return _quick_gelu_op(x.contiguous(), backend)
+    x = x.contiguous()
+    if eager_fast_path(x):
+        return _QuickGELUFunction.apply(x, backend)
+    return _quick_gelu_op(x, backend)

@@ -1,71 +1,207 @@
-"""Zero-copy crossings between torch CPU tensors and JAX arrays.
+"""Zero-copy crossings between torch tensors (CPU or CUDA) and JAX arrays.
+
+Device: a program call runs on the JAX device matching its torch tensors' device
+(:func:`call_device`): CPU tensors on ``jax.devices("cpu")[0]``, ``cuda:i`` tensors on the JAX
+GPU device with hardware id ``i``, whatever JAX's default backend is.
 
 torch -> JAX: parameters (``nn.Parameter``) are imported once and their JAX views cached, keyed
-by storage pointer, shape, stride and dtype; a view that aliases the torch memory stays valid
-when the optimizer updates the parameter in place, one that had to be copied is renewed when the
-tensor's ``_version`` moves. Other tensors cross as NumPy views of their memory, which ``jax.jit``
-takes without a copy. JAX -> torch: DLPack. bfloat16 (which NumPy lacks) crosses by DLPack.
+by device, storage pointer, shape, stride and dtype. On CPU a view that aliases the torch memory
+stays valid when the optimizer updates the parameter in place, one that had to be copied is
+renewed when the tensor's ``_version`` moves. Other CPU tensors cross as NumPy views of their
+memory, which ``jax.jit`` takes without a copy; bfloat16 (which NumPy lacks) crosses by DLPack.
+CUDA tensors cross by DLPack (``jnp.from_dlpack``): JAX hands its stream to the tensor's
+``__dlpack__``, and torch makes that stream wait for the work queued on torch's current stream,
+so JAX reads what torch wrote just before the call. A cached CUDA parameter is re-imported (and
+so re-synchronised) whenever its ``_version`` moves.
+
+JAX -> torch: DLPack (``torch.from_dlpack`` hands torch's current stream to JAX).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import OrderedDict
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import torch
+# JAX would otherwise take 75% of the GPU's memory when its GPU backend starts, starving torch;
+# only read when the backend starts (lazily), so setting it here, before any use, is enough.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fusedops.xla.errors import XLATraceError  # noqa: E402
 
 _CACHE_SIZE = 4096
-_param_cache: OrderedDict[int, tuple] = OrderedDict()
+_param_cache: OrderedDict[tuple, tuple] = OrderedDict()
+_GPU_PLATFORMS = ("cuda", "gpu")
+
+
+def _normalize(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@functools.cache
+def _jax_device(kind: str, index: int | None):
+    if kind == "cpu":
+        try:
+            return jax.devices("cpu")[0]
+        except RuntimeError as error:
+            raise XLATraceError(
+                f"fusedops.xla: JAX has no CPU backend ({error}); include 'cpu' in JAX_PLATFORMS"
+            ) from error
+    if kind == "cuda":
+        devices = []
+        for platform in _GPU_PLATFORMS:
+            try:
+                devices = jax.devices(platform)
+                break
+            except RuntimeError:
+                continue
+        if not devices:
+            raise XLATraceError(
+                f"fusedops.xla: got CUDA tensors (cuda:{index}) but JAX has no GPU backend "
+                f"(backends: {sorted({d.platform for d in jax.devices()})}); install jax with "
+                "CUDA support, e.g. pip install 'jax[cuda13]'"
+            )
+        for d in devices:
+            if getattr(d, "local_hardware_id", d.id) == index:
+                return d
+        raise XLATraceError(
+            f"fusedops.xla: no JAX GPU device for cuda:{index} (JAX sees {devices}); check "
+            "CUDA_VISIBLE_DEVICES is the same for torch and JAX"
+        )
+    raise XLATraceError(
+        f"fusedops.xla: tensors on device type {kind!r} cannot run as XLA programs "
+        "(only cpu and cuda)"
+    )
+
+
+def jax_device(device: torch.device | str):
+    """The JAX device that runs programs on tensors of torch ``device``: ``cpu`` ->
+    ``jax.devices("cpu")[0]``, ``cuda:i`` -> the JAX GPU device with hardware id ``i``.
+    Raises ``XLATraceError`` for other device types or a JAX without a GPU backend."""
+    device = _normalize(torch.device(device))
+    return _jax_device(device.type, device.index)
+
+
+def _is_cpu_scalar(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dim() == 0
+
+
+def call_device(args, default: torch.device | None = None):
+    """The JAX device of a program call on ``args`` (the tensors among them decide).
+
+    All tensors must share one device, except CPU scalars (0-dim), which torch lets mix with
+    CUDA tensors and which are then moved to the CUDA device. With no tensor, ``default`` (the
+    CPU if None). Raises ``XLATraceError`` naming the devices when the inputs mix devices."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    devices = {_normalize(t.device) for t in tensors if not _is_cpu_scalar(t)}
+    if not devices:
+        devices = {torch.device("cpu")} if tensors else {torch.device(default or "cpu")}
+    if len(devices) > 1:
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise XLATraceError(
+            f"fusedops.xla: a program's inputs are on different devices ({names}); move them to "
+            "one device (CPU scalars may stay on the CPU)"
+        )
+    return jax_device(devices.pop())
+
+
+def _bool_via_uint8(t: torch.Tensor):
+    return jnp.from_dlpack(t.view(torch.uint8)) != 0
 
 
 def _import(t: torch.Tensor):
     t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
+    if t.device.type != "cpu":
+        if t.dtype == torch.bool:
+            try:
+                return jnp.from_dlpack(t)
+            except (BufferError, RuntimeError, TypeError, ValueError):
+                return _bool_via_uint8(t)
+        return jnp.from_dlpack(t)
     if t.dtype == torch.bfloat16:
         return jnp.from_dlpack(t)
     return t.numpy()
 
 
-def _cached_param(t: torch.Tensor):
+def _cached_param(t: torch.Tensor, device):
     ptr = t.data_ptr()
-    entry = _param_cache.get(ptr)
+    cuda = t.device.type != "cpu"
+    key = (str(t.device), ptr)
+    entry = _param_cache.get(key)
     if entry is not None:
         shape, stride, dtype, version, aliased, array = entry
+        # on CUDA an aliasing view is still renewed when the version moves: the import is
+        # what orders JAX's reads after torch's writes on torch's stream
         if (
             shape == t.shape
             and dtype == t.dtype
             and stride == t.stride()
-            and (aliased or version == t._version)
+            and ((aliased and not cuda) or version == t._version)
         ):
             return array
     view = _import(t)
-    array = view if isinstance(view, jax.Array) else jax.device_put(view)
+    array = view if isinstance(view, jax.Array) else jax.device_put(view, device)
     aliased = array.unsafe_buffer_pointer() == ptr
-    _param_cache[ptr] = (t.shape, t.stride(), t.dtype, t._version, aliased, array)
+    _param_cache[key] = (t.shape, t.stride(), t.dtype, t._version, aliased, array)
     if len(_param_cache) > _CACHE_SIZE:
         _param_cache.popitem(last=False)
     return array
 
 
-def to_jax(t):
-    """A torch CPU tensor (any dtype XLA holds, any shape) as something ``jax.jit`` takes
-    without a copy: a cached ``jax.Array`` for parameters, a NumPy view otherwise. Non-tensors
-    pass through."""
+def to_jax(t, device=None):
+    """A torch tensor (CPU or CUDA, any dtype XLA holds, any shape) as something ``jax.jit``
+    takes without a copy: a cached ``jax.Array`` for parameters, a NumPy view for other CPU
+    tensors, a DLPack view for CUDA tensors. Non-tensors pass through.
+
+    ``device``: the call's JAX device (:func:`call_device`; by default the tensor's own). A
+    CPU scalar in a CUDA call crosses as a NumPy value that ``jax.jit`` moves to the device."""
     if not isinstance(t, torch.Tensor):
         return t
+    if device is None:
+        device = jax_device(t.device)
+    if t.device.type == "cpu" and device.platform != "cpu":
+        return _import(t)
     if isinstance(t, torch.nn.Parameter):
-        return _cached_param(t)
+        return _cached_param(t, device)
     return _import(t)
 
 
+def _bool_to_torch(a) -> torch.Tensor:
+    return torch.from_dlpack(a.astype(jnp.uint8)).bool()
+
+
 def to_torch(a) -> torch.Tensor:
-    """A JAX array (computation finished) as a torch tensor sharing its memory (DLPack)."""
+    """A JAX array (computation finished) as a torch tensor on the matching device (CPU or
+    ``cuda:i``), sharing its memory (DLPack)."""
     if isinstance(a, np.ndarray):
         return torch.from_numpy(a)
+    if a.dtype == jnp.bool_ and any(d.platform != "cpu" for d in a.devices()):
+        try:
+            return torch.from_dlpack(a)
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            return _bool_to_torch(a)
     return torch.from_dlpack(a)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host NumPy copy-or-view of ``t`` (any device) with its exact dtype; bfloat16 becomes
+    ``ml_dtypes.bfloat16`` (NumPy has none). For constants baked into programs."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(jnp.bfloat16)
+    return t.numpy()
 
 
 def clear_cache() -> None:

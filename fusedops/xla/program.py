@@ -4,6 +4,11 @@
 ``jax.jit``; shapes are static, so each program compiles once on its first call. Every node's
 result is checked against the FX node's FakeTensor (shape) and cast to its dtype, so torch's
 type promotion holds. Calls run with 64-bit types enabled, so int64/float64 stay exact.
+
+Each call runs on the JAX device of its torch tensors (``bridge.call_device``: the CPU for CPU
+tensors whatever JAX's default backend is, the matching GPU for ``cuda:i``), with its seed and
+baked-in constants there too; the jitted function compiles once per device. Results are ready
+(``block_until_ready``) and on the inputs' device when they return to torch.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -67,13 +73,17 @@ class JaxProgram:
         self._returns_inputs = any(
             isinstance(o, torch.fx.Node) and o.op == "placeholder" for o in self.outputs
         )
+        # tensor constants are kept on the host (device-neutral, exact dtype) and become
+        # constants of the traced program, so they live on whichever device runs the call
         self._constants = {}
+        self._const_device = None
         for n in self.nodes:
             if n.op == "get_attr":
                 value = getattr(gm, n.target)
                 if isinstance(value, torch.Tensor):
+                    self._const_device = self._const_device or value.device
                     with unset_fake_temporarily():
-                        value = jnp.asarray(value.detach().cpu().numpy())
+                        value = bridge.to_numpy(value)
                 self._constants[n.target] = value
         with jax.enable_x64(True):
             self._jitted = jax.jit(self._run)
@@ -84,7 +94,8 @@ class JaxProgram:
         random_index = {n: i for i, n in enumerate(self.random_ops)}
         for node in self.nodes:
             if node.op == "get_attr":
-                env[node] = self._constants[node.target]
+                value = self._constants[node.target]
+                env[node] = jnp.asarray(value) if isinstance(value, np.ndarray) else value
             elif node.op == "call_function":
                 a, kw = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
                 if node.target is operator.getitem:
@@ -102,12 +113,18 @@ class JaxProgram:
 
     def __call__(self, args) -> list:
         start = time.perf_counter() if self.compile_s is None else None
+        device = bridge.call_device(args, self._const_device)
+        on_cpu = device.platform == "cpu"
         seed = rng.next_seed() if self.random_ops else None
-        with jax.enable_x64(True):
-            results = self._jitted(seed, *[bridge.to_jax(a) for a in args])
+        if seed is not None and not on_cpu:
+            seed = jax.device_put(seed, device)
+        # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
+        # whole program on ``device``, not on JAX's default backend; jit caches per device
+        with jax.enable_x64(True), jax.default_device(device):
+            results = self._jitted(seed, *[bridge.to_jax(a, device) for a in args])
             jax.block_until_ready(results)
         converted = {
-            node: (None if r is None else bridge.to_torch(r))
+            node: (None if r is None else self._to_torch(r, node, on_cpu))
             for node, r in zip(self._computed, results)
         }
         inputs = dict(zip(self.placeholders, args)) if self._returns_inputs else {}
@@ -120,6 +137,16 @@ class JaxProgram:
         if start is not None:
             self.compile_s = time.perf_counter() - start
         return outs
+
+    @staticmethod
+    def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:
+        out = bridge.to_torch(array)
+        meta = node.meta.get("val")
+        # a CPU scalar of a CUDA program (e.g. an optimizer's step count) goes back to the CPU
+        cpu_meta = isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
+        if cpu_meta and meta.dim() == 0 and not on_cpu:
+            out = out.cpu()
+        return out
 
 
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[str]:

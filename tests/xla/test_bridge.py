@@ -1,10 +1,13 @@
-"""The torch <-> JAX bridge, the lazy import and the compilation cache directory."""
+"""The torch <-> JAX bridge (CPU and CUDA), the lazy import and the compilation cache
+directory. Tests marked ``gpu`` need a CUDA device and a JAX with its CUDA plugin."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,18 @@ from fusedops.testing import assert_close, non_contiguous, random_tensor
 
 jax = pytest.importorskip("jax")
 
-from fusedops.xla import bridge, cache  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+from fusedops.xla import XLATraceError, bridge, cache, partial_trace  # noqa: E402
+from fusedops.xla.program import JaxProgram  # noqa: E402
+from tests.xla import models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _on_cpu(value):
+    """``value`` as a JAX array on the CPU (``jnp.asarray`` would use the default backend)."""
+    return jax.device_put(value, jax.devices("cpu")[0])
 
 
 def test_cached_parameter_view_is_zero_copy_and_follows_in_place_updates():
@@ -39,23 +51,183 @@ def test_parameter_with_new_storage_gets_a_new_view():
     assert_close(torch.from_numpy(jax.device_get(second).copy()), p.detach(), dtype=torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.bfloat16, torch.float16, torch.bool]
+
+
+def _example(dtype, device="cpu"):
+    if dtype == torch.bool:
+        return torch.rand(5, 7, device=device) > 0.5
+    if dtype.is_floating_point:
+        return random_tensor((5, 7), dtype).to(device)
+    return torch.randint(-9, 2**40, (5, 7), device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_round_trip_keeps_values_and_dtype(dtype):
-    t = (
-        random_tensor((5, 7), dtype)
-        if dtype.is_floating_point
-        else torch.randint(-9, 2**40, (5, 7))
-    )
+    t = _example(dtype)
     with jax.enable_x64(True):
-        back = bridge.to_torch(jax.numpy.asarray(bridge.to_jax(t)))
+        back = bridge.to_torch(_on_cpu(bridge.to_jax(t)))
     assert back.dtype == t.dtype
     assert torch.equal(back, t)
+
+
+def _program(fn, *example):
+    return JaxProgram(make_fx(fn)(*example))
+
+
+def _affine(x, w):
+    return (x @ w + 1.0).relu(), (x * 2).sum()
+
+
+def test_cpu_call_returns_cpu_tensors_computed_on_the_jax_cpu_device(monkeypatch):
+    x, w = random_tensor((4, 6)), torch.nn.Parameter(random_tensor((6, 3)))
+    program = _program(_affine, x, w.detach())
+    seen = []
+    to_torch = bridge.to_torch
+    monkeypatch.setattr(bridge, "to_torch", lambda a: seen.append(a.devices()) or to_torch(a))
+    outs = program([x, w])
+    cpu = jax.devices("cpu")[0]
+    assert bridge.call_device([x, w]) == cpu
+    assert seen and all(devices == {cpu} for devices in seen)
+    assert all(o.device.type == "cpu" for o in outs)
+    for got, want in zip(outs, _affine(x, w.detach())):
+        assert_close(got, want, dtype=torch.float32)
+
+
+def test_cpu_call_ignores_jax_default_device():
+    """With two JAX CPU devices and the default set to the second, a CPU call still runs on
+    ``jax.devices("cpu")[0]`` (stands in for a GPU default backend on a GPU machine)."""
+    code = textwrap.dedent(
+        """
+        import jax, torch
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from fusedops.xla import bridge
+        from fusedops.xla.program import JaxProgram
+
+        cpu0, cpu1 = jax.devices("cpu")[:2]
+        jax.config.update("jax_default_device", cpu1)
+        f = lambda x, w: (x @ w).sin() + torch.rand_like(x @ w)
+        x, w = torch.randn(4, 6), torch.nn.Parameter(torch.randn(6, 3))
+        program = JaxProgram(make_fx(f)(x, w.detach()))
+        seen, to_torch = [], bridge.to_torch
+        bridge.to_torch = lambda a: seen.append(a.devices()) or to_torch(a)
+        with jax.default_device(cpu1):
+            (out,) = program([x, w])
+        assert seen == [{cpu0}], seen
+        assert out.device.type == "cpu" and out.shape == (4, 3)
+        assert jax.numpy.zeros(2).devices() == {cpu1}  # the default is untouched
+        print("ok")
+        """
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_mixed_device_inputs_raise_naming_the_devices():
+    x = random_tensor((4, 6))
+    program = _program(_affine, x, random_tensor((6, 3)))
+    elsewhere = torch.empty(6, 3, device="meta")
+    with pytest.raises(XLATraceError, match=r"different devices \(cpu, meta\)"):
+        bridge.call_device([x, elsewhere])
+    with pytest.raises(XLATraceError, match=r"cpu, meta"):
+        program([x, elsewhere])
+
+
+def test_cpu_scalars_may_join_any_call():
+    assert bridge.call_device([torch.tensor(2.0), random_tensor((3,))]) == jax.devices("cpu")[0]
+    assert bridge.call_device([torch.tensor(1)]) == jax.devices("cpu")[0]
+
+
+def test_cuda_tensor_without_jax_gpu_backend_names_the_fix():
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has a GPU backend here")
+    with pytest.raises(XLATraceError, match=r"jax\[cuda13\]"):
+        bridge.jax_device(torch.device("cuda", 0))
+
+
+def _no_tf32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_round_trip_is_zero_copy_and_exact(dtype):
+    t = _example(dtype, "cuda")
+    with jax.enable_x64(True):
+        array = bridge.to_jax(t)
+        assert array.devices() == {bridge.jax_device(t.device)}
+        back = bridge.to_torch(array + 0 if dtype != torch.bool else ~~array)
+        assert back.device == t.device and back.dtype == t.dtype
+        assert torch.equal(back, t)
+        if dtype != torch.bool:
+            assert array.unsafe_buffer_pointer() == t.data_ptr()
+    strided = non_contiguous(random_tensor((4, 6)).cuda())
+    assert torch.equal(bridge.to_torch(jax.numpy.asarray(bridge.to_jax(strided))), strided)
+
+
+@pytest.mark.gpu
+def test_cuda_mlp_forward_backward_match_eager(monkeypatch):
+    _no_tf32(monkeypatch)
+    torch.manual_seed(0)
+    model = models.mlp().cuda()
+    ref = copy.deepcopy(model)
+
+    @partial_trace
+    def backbone(model, x):
+        return model(x)
+
+    x = random_tensor((6, 8)).cuda().requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    out, want = backbone(model, x), ref(x_ref)
+    assert out.device == x.device
+    out.square().mean().backward()
+    want.square().mean().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    got, expected = models.grads(model), models.grads(ref)
+    assert got.keys() == expected.keys() and got
+    for name in expected:
+        assert got[name].device == x.device
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+def test_cuda_parameter_updated_in_place_is_seen_by_the_next_call(monkeypatch):
+    _no_tf32(monkeypatch)
+    x, w = random_tensor((64, 256)).cuda(), torch.nn.Parameter(random_tensor((256, 256)).cuda())
+    program = _program(_affine, x, w.detach())
+    first = program([x, w])[0]
+    torch.testing.assert_close(first, (x @ w.detach() + 1).relu(), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        for _ in range(20):  # queue enough work on torch's stream that a race would show
+            w.mul_(1.1)
+    second = program([x, w])[0]
+    torch.testing.assert_close(second, (x @ w.detach() + 1).relu(), rtol=1e-4, atol=1e-4)
+    assert bridge.to_jax(w).unsafe_buffer_pointer() == w.data_ptr()
+
+
+@pytest.mark.gpu
+def test_cpu_call_stays_on_the_cpu_next_to_a_jax_gpu():
+    x, w = random_tensor((4, 6)), torch.nn.Parameter(random_tensor((6, 3)))
+    outs = _program(_affine, x, w.detach())([x, w])
+    assert all(o.device.type == "cpu" for o in outs)
+    assert bridge.to_jax(w).devices() == {jax.devices("cpu")[0]}
 
 
 def test_non_contiguous_tensor_crosses_with_its_values():
     t = non_contiguous(random_tensor((4, 6)))
     assert not t.is_contiguous()
-    back = bridge.to_torch(jax.numpy.asarray(bridge.to_jax(t)))
+    back = bridge.to_torch(_on_cpu(bridge.to_jax(t)))
     assert torch.equal(back, t)
 
 

@@ -28,14 +28,27 @@ import triton.language as tl
 from fusedops import _alloc
 
 #: Rows up to this length are held in registers; longer rows take the looped path. Read at
-#: every call, so tests lower it to check the looped path with small N.
+#: every call, so tests lower it to check the looped path with small N. The forward holds one
+#: row (x, y) per program, the backward also two fp32 partial rows (dweight, dbias): the
+#: forward keeps whole rows in registers further.
 MAX_FUSED_N = 8192
+MAX_FUSED_N_FORWARD = 8192
+#: Most warps of a register-path program (a power of two, up to 32).
+MAX_WARPS = 8
 #: Chunk width of the looped path (a power of two).
 LOOP_BLOCK_N = 2048
 #: Elements per program in the register path (BLOCK_M * BLOCK_N, rows per program for small N).
 TILE_ELEMENTS = 4096
 #: Partial rows of the dweight/dbias reduction on a CPU (interpreter) run.
 INTERPRETER_PROGRAMS = 4
+
+
+@triton.jit
+def _rstd(var, eps):
+    """1 / sqrt(var + eps), correctly rounded: Triton's ``/`` and ``tl.sqrt`` are approximate
+    (2 ulp) on NVIDIA GPUs, which rstd amplifies in dx when var is near 0 (N = 1, constant
+    rows)."""
+    return tl.div_rn(tl.full(var.shape, 1.0, tl.float32), tl.sqrt_rn(var + eps))
 
 
 @triton.jit
@@ -65,11 +78,11 @@ def _forward_rows_kernel(
     if RMS:
         xc = x
     else:
-        mean = tl.sum(x, axis=1) / N
+        mean = tl.div_rn(tl.sum(x, axis=1), N * 1.0)
         xc = tl.where(mask, x - mean[:, None], 0.0)
         tl.store(mean_ptr + rows, mean, mask=row_mask)
-    var = tl.sum(xc * xc, axis=1) / N
-    rstd = 1.0 / tl.sqrt(var + eps)
+    var = tl.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+    rstd = _rstd(var, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = xc * rstd[:, None]
     if HAS_WEIGHT:
@@ -111,8 +124,8 @@ def _forward_loop_kernel(
         d = tl.where(mask, x - shift, 0.0)
         s1 += d
         s2 += d * d
-    m1 = tl.sum(s1, axis=0) / N
-    m2 = tl.sum(s2, axis=0) / N
+    m1 = tl.div_rn(tl.sum(s1, axis=0), N * 1.0)
+    m2 = tl.div_rn(tl.sum(s2, axis=0), N * 1.0)
     if RMS:
         mean = 0.0
         var = m2
@@ -120,7 +133,7 @@ def _forward_loop_kernel(
         mean = shift + m1
         var = tl.maximum(m2 - m1 * m1, 0.0)
         tl.store(mean_ptr + row, mean)
-    rstd = 1.0 / tl.sqrt(var + eps)
+    rstd = _rstd(var, eps)
     tl.store(rstd_ptr + row, rstd)
     for start in range(0, N, BLOCK_N):
         cols = start + base
@@ -176,11 +189,11 @@ def _backward_rows_kernel(
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         g = dy * w[None, :] if HAS_WEIGHT else dy
-        c1 = tl.sum(xhat * g, axis=1) / N
+        c1 = tl.div_rn(tl.sum(xhat * g, axis=1), N * 1.0)
         if RMS:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         else:
-            c2 = tl.sum(g, axis=1) / N
+            c2 = tl.div_rn(tl.sum(g, axis=1), N * 1.0)
             dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += dy * xhat
@@ -221,11 +234,11 @@ def _backward_coeffs_kernel(
         g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else dy
         s1 += xhat * g
         s2 += g
-    tl.store(c_ptr + row, tl.sum(s1, axis=0) / N)
+    tl.store(c_ptr + row, tl.div_rn(tl.sum(s1, axis=0), N * 1.0))
     if RMS:
         tl.store(c_ptr + M + row, 0.0)
     else:
-        tl.store(c_ptr + M + row, tl.sum(s2, axis=0) / N)
+        tl.store(c_ptr + M + row, tl.div_rn(tl.sum(s2, axis=0), N * 1.0))
 
 
 @triton.jit
@@ -296,7 +309,7 @@ def _register_tile(N: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the register path for rows of N elements."""
     block_n = triton.next_power_of_2(N)
     block_m = max(1, min(16, TILE_ELEMENTS // block_n))
-    num_warps = max(1, min(8, block_m * block_n // 256))
+    num_warps = max(1, min(MAX_WARPS, block_m * block_n // 256))
     return block_m, block_n, num_warps
 
 
@@ -329,7 +342,7 @@ def _forward(x, weight, bias, eps: float, rms: bool):
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     m = mean if not rms else rstd
-    if N <= MAX_FUSED_N:
+    if N <= min(MAX_FUSED_N, MAX_FUSED_N_FORWARD):
         block_m, block_n, warps = _register_tile(N)
         grid = (triton.cdiv(M, block_m),)
         _forward_rows_kernel[grid](

@@ -1,0 +1,92 @@
+"""LayerNorm kernel variants, kernels alone (no autograd, no dispatch): which register-path
+threshold and warp count each row length wants. Used to set the defaults in
+``fusedops/kernels/triton/layer_norm.py``; rows go to the same CSV as the benchmarks, with the
+variant in the provider column. Run: ``python benchmarks/tune_layer_norm.py``.
+The timed lambdas read the current loop's tensors on purpose (each is timed within its pass).
+"""
+
+# ruff: noqa: B023
+from __future__ import annotations
+
+import torch
+from common import append_rows, copy_bandwidth_gbps, gbps, median_ms, print_rows, require_cuda
+
+M = 4096
+SIZES = [1024, 4096, 8192, 16384, 32768, 65536]
+DTYPES = [torch.float32, torch.bfloat16]
+#: (name, MAX_FUSED_N_FORWARD or MAX_FUSED_N, MAX_WARPS)
+FORWARD_VARIANTS = [("loop>8192,w8", 8192, 8), ("regs,w16", 65536, 16), ("regs,w32", 65536, 32)]
+BACKWARD_VARIANTS = [("loop>8192,w8", 8192, 8), ("regs<=16384,w16", 16384, 16)]
+
+
+def main() -> None:
+    require_cuda("tune_layer_norm")
+    from fusedops.kernels.cuda import build
+    from fusedops.kernels.cuda import layer_norm as cuda_kernels
+    from fusedops.kernels.triton import layer_norm as kernels
+
+    build.ensure_built()
+
+    copy_bw = copy_bandwidth_gbps()
+    print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
+    rows = []
+
+    def record(variant, dtype, n, direction, ms, passes):
+        size = M * n * torch.finfo(dtype).bits // 8
+        rate = gbps(passes * size, ms)
+        rows.append(
+            {
+                "op": "layer_norm_kernel",
+                "provider": variant,
+                "dtype": str(dtype).removeprefix("torch."),
+                "M": M,
+                "N": n,
+                "direction": direction,
+                "ms": f"{ms:.4f}",
+                "GB/s": f"{rate:.0f}",
+                "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+            }
+        )
+
+    defaults = (kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS)
+    for dtype in DTYPES:
+        for n in SIZES:
+            x = torch.randn(M, n, device="cuda", dtype=dtype)
+            dy = torch.randn_like(x)
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            b = torch.randn(n, device="cuda", dtype=dtype)
+            _, mean, rstd = kernels.layer_norm_forward(x, w, b, 1e-5)
+            for name, limit, warps in FORWARD_VARIANTS:
+                kernels.MAX_FUSED_N_FORWARD, kernels.MAX_FUSED_N, kernels.MAX_WARPS = (
+                    limit,
+                    max(limit, defaults[0]),
+                    warps,
+                )
+                try:
+                    ms = median_ms(lambda: kernels.layer_norm_forward(x, w, b, 1e-5))
+                    record(f"triton {name}", dtype, n, "fwd", ms, 2)
+                except Exception as exc:  # a variant that cannot compile is reported
+                    print(f"fwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
+            for name, limit, warps in BACKWARD_VARIANTS:
+                kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = (
+                    limit,
+                    defaults[1],
+                    warps,
+                )
+                try:
+                    ms = median_ms(lambda: kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
+                    record(f"triton {name}", dtype, n, "bwd", ms, 3)
+                except Exception as exc:
+                    print(f"bwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
+            kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = defaults
+            ms = median_ms(lambda: cuda_kernels.layer_norm_forward(x, w, b, 1e-5))
+            record("cuda", dtype, n, "fwd", ms, 2)
+            ms = median_ms(lambda: cuda_kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
+            record("cuda", dtype, n, "bwd", ms, 3)
+            torch.cuda.empty_cache()
+    print_rows(rows)
+    print(f"appended to {append_rows(rows)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""When an op may bypass torch.library's custom-op machinery.
+
+Each op is a ``torch.library.custom_op`` (so torch.compile, torch.export and tensor subclasses
+see one opaque node with a fake implementation) and also a ``torch.autograd.Function`` calling
+the same forward/backward bodies. In plain eager execution the custom op's Python wrappers
+(autograd registration, redispatch, the Dynamo-disable guard) cost about 100 us a call on a
+fast host, more than a LayerNorm kernel on small rows takes on an H100; the autograd.Function
+costs a few microseconds. ``eager_fast_path`` says when the Function may be used: no
+compile/export tracing, no functorch transform, no dispatch or function mode, and plain
+tensors only. Both paths run the same code, so results are identical.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager_fast_path(*tensors: torch.Tensor | None) -> bool:
+    """True when the op may call its autograd.Function directly instead of the custom op."""
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return (
+        _get_current_dispatch_mode() is None
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+    )

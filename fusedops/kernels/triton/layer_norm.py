@@ -342,7 +342,8 @@ def _forward(x, weight, bias, eps: float, rms: bool):
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     m = mean if not rms else rstd
-    if N <= min(MAX_FUSED_N, MAX_FUSED_N_FORWARD):
+    register_limit = min(MAX_FUSED_N, MAX_FUSED_N_FORWARD)
+    if register_limit >= N:
         block_m, block_n, warps = _register_tile(N)
         grid = (triton.cdiv(M, block_m),)
         _forward_rows_kernel[grid](

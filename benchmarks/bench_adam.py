@@ -17,10 +17,10 @@ from common import (
     append_rows,
     compiled,
     copy_bandwidth_gbps,
-    gbps,
     median_ms,
     print_rows,
     require_cuda,
+    timing_fields,
 )
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -100,7 +100,6 @@ def main(argv: list[str]) -> None:
                     step = None  # frees this provider's optimizer state
                     gc.collect()
                     torch.cuda.empty_cache()
-                rate = gbps(moved, ms)
                 row = {
                     "op": "adamw_step",
                     "provider": name,
@@ -108,9 +107,7 @@ def main(argv: list[str]) -> None:
                     "dtype": str(dtype).removeprefix("torch."),
                     "tensors": len(params),
                     "numel": numel,
-                    "ms": f"{ms:.4f}",
-                    "GB/s": f"{rate:.0f}",
-                    "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                    **timing_fields(ms, moved, copy_bw),
                 }
                 # one row at a time: a slow provider (torch.compile of a long list) cut off by a
                 # time limit keeps the rows already measured

@@ -17,11 +17,11 @@ from common import (
     append_rows,
     compiled,
     copy_bandwidth_gbps,
-    gbps,
     median_ms,
     print_rows,
     require_cuda,
     rotating,
+    timing_fields,
 )
 
 M = 4096
@@ -108,7 +108,6 @@ def main() -> None:
                         print(f"{op} {name} {dtype} N={n}: skipped ({type(exc).__name__}: {exc})")
                         continue
                     for direction, ms in times.items():
-                        rate = gbps(PASSES[direction] * size, ms)
                         rows.append(
                             {
                                 "op": op,
@@ -117,9 +116,7 @@ def main() -> None:
                                 "M": M,
                                 "N": n,
                                 "direction": direction,
-                                "ms": f"{ms:.4f}",
-                                "GB/s": f"{rate:.0f}",
-                                "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                                **timing_fields(ms, PASSES[direction] * size, copy_bw),
                             }
                         )
                 torch.cuda.empty_cache()

@@ -11,11 +11,11 @@ from common import (
     append_rows,
     compiled,
     copy_bandwidth_gbps,
-    gbps,
     median_ms,
     print_rows,
     require_cuda,
     rotating,
+    timing_fields,
 )
 
 SIZES = [2**20, 2**24, 2**26, 2**28]
@@ -70,7 +70,6 @@ def main() -> None:
                 fwd_ms = median_ms(lambda f=forward, i=inputs: f(i()[0]))
                 bwd_ms = median_ms(lambda b=backward, i=inputs: b(*i()))
                 for direction, ms, passes in (("fwd", fwd_ms, 2), ("bwd", bwd_ms, 3)):
-                    rate = gbps(passes * size, ms)
                     rows.append(
                         {
                             "op": "quick_gelu",
@@ -78,9 +77,7 @@ def main() -> None:
                             "dtype": str(dtype).removeprefix("torch."),
                             "numel": n,
                             "direction": direction,
-                            "ms": f"{ms:.4f}",
-                            "GB/s": f"{rate:.0f}",
-                            "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                            **timing_fields(ms, passes * size, copy_bw),
                         }
                     )
     print_rows(rows)

@@ -2,7 +2,7 @@
 
 Every GPU benchmark reports GB/s from the bytes the op must move and the fraction of this
 device's measured copy bandwidth, beside torch eager and torch.compile. Results append to
-``benchmarks/results/<gpu>.csv``.
+``benchmarks/results/<gpu>_<benchmark>.csv``.
 """
 
 from __future__ import annotations
@@ -72,10 +72,18 @@ def gbps(bytes_moved: int, ms: float) -> float:
     return bytes_moved / ms / 1e6
 
 
-def append_rows(rows: list[dict]) -> Path:
-    """Append result rows (dicts with the same keys) to results/<gpu>.csv; returns the path."""
+def timing_fields(ms: float, bytes_moved: int, copy_bw: float) -> dict:
+    """The timing columns every result row ends with: ms, GB/s and % of copy bandwidth."""
+    rate = gbps(bytes_moved, ms)
+    return {"ms": f"{ms:.4f}", "GB/s": f"{rate:.0f}", "pct_copy_bw": f"{100 * rate / copy_bw:.1f}"}
+
+
+def append_rows(rows: list[dict], name: str | None = None) -> Path:
+    """Append result rows (dicts with the same keys) to results/<gpu>_<name>.csv, one file per
+    benchmark so every file has one header (name: the calling script's, bench_ dropped)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{gpu_name()}.csv"
+    name = name or Path(sys.argv[0]).stem.removeprefix("bench_")
+    path = RESULTS / f"{gpu_name()}_{name}.csv"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = [{"date": stamp, "gpu": torch.cuda.get_device_name(), **row} for row in rows]
     new = not path.exists()

@@ -9,14 +9,24 @@ The timed lambdas read the current loop's tensors on purpose (each is timed with
 from __future__ import annotations
 
 import torch
-from common import append_rows, copy_bandwidth_gbps, gbps, median_ms, print_rows, require_cuda
+from common import (
+    append_rows,
+    copy_bandwidth_gbps,
+    median_ms,
+    print_rows,
+    require_cuda,
+    timing_fields,
+)
 
 M = 4096
 SIZES = [1024, 4096, 8192, 16384, 32768, 65536]
 DTYPES = [torch.float32, torch.bfloat16]
-#: (name, MAX_FUSED_N_FORWARD or MAX_FUSED_N, MAX_WARPS)
-FORWARD_VARIANTS = [("loop>8192,w8", 8192, 8), ("regs,w16", 65536, 16), ("regs,w32", 65536, 32)]
-BACKWARD_VARIANTS = [("loop>8192,w8", 8192, 8), ("regs<=16384,w16", 16384, 16)]
+#: (name, MAX_FUSED_N_FORWARD, MAX_WARPS): register path up to the limit, warps for rows of up
+#: to 8192 (wider rows: BLOCK_N / 1024, see _register_tile). The CSV of 2026-11-22 was taken
+#: when MAX_WARPS also capped wide rows: its "regs,w16" / "regs,w32" rows are 16 / 32 warps.
+FORWARD_VARIANTS = [("loop>8192", 8192, 8), ("regs<=32768", 32768, 8), ("regs<=65536", 65536, 8)]
+#: (name, MAX_FUSED_N, BACKWARD_WARPS_8192)
+BACKWARD_VARIANTS = [("regs<=8192,w8@8192", 8192, 8), ("regs<=8192,w16@8192", 8192, 16)]
 
 
 def main() -> None:
@@ -33,7 +43,6 @@ def main() -> None:
 
     def record(variant, dtype, n, direction, ms, passes):
         size = M * n * torch.finfo(dtype).bits // 8
-        rate = gbps(passes * size, ms)
         rows.append(
             {
                 "op": "layer_norm_kernel",
@@ -42,13 +51,11 @@ def main() -> None:
                 "M": M,
                 "N": n,
                 "direction": direction,
-                "ms": f"{ms:.4f}",
-                "GB/s": f"{rate:.0f}",
-                "pct_copy_bw": f"{100 * rate / copy_bw:.1f}",
+                **timing_fields(ms, passes * size, copy_bw),
             }
         )
 
-    defaults = (kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS)
+    defaults = (kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192)
     for dtype in DTYPES:
         for n in SIZES:
             x = torch.randn(M, n, device="cuda", dtype=dtype)
@@ -57,28 +64,20 @@ def main() -> None:
             b = torch.randn(n, device="cuda", dtype=dtype)
             _, mean, rstd = kernels.layer_norm_forward(x, w, b, 1e-5)
             for name, limit, warps in FORWARD_VARIANTS:
-                kernels.MAX_FUSED_N_FORWARD, kernels.MAX_FUSED_N, kernels.MAX_WARPS = (
-                    limit,
-                    max(limit, defaults[0]),
-                    warps,
-                )
+                kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = limit, warps
                 try:
                     ms = median_ms(lambda: kernels.layer_norm_forward(x, w, b, 1e-5))
                     record(f"triton {name}", dtype, n, "fwd", ms, 2)
                 except Exception as exc:  # a variant that cannot compile is reported
                     print(f"fwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
             for name, limit, warps in BACKWARD_VARIANTS:
-                kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = (
-                    limit,
-                    defaults[1],
-                    warps,
-                )
+                kernels.MAX_FUSED_N, kernels.BACKWARD_WARPS_8192 = limit, warps
                 try:
                     ms = median_ms(lambda: kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
                     record(f"triton {name}", dtype, n, "bwd", ms, 3)
                 except Exception as exc:
                     print(f"bwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
-            kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = defaults
+            kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192 = defaults
             ms = median_ms(lambda: cuda_kernels.layer_norm_forward(x, w, b, 1e-5))
             record("cuda", dtype, n, "fwd", ms, 2)
             ms = median_ms(lambda: cuda_kernels.layer_norm_backward(dy, x, w, b, mean, rstd))

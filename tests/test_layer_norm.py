@@ -186,6 +186,7 @@ def _force_looped(monkeypatch, backend):
         from fusedops.kernels.triton import layer_norm as kernels
 
         monkeypatch.setattr(kernels, "MAX_FUSED_N", 32)
+        monkeypatch.setattr(kernels, "MAX_FUSED_N_FORWARD", 32)
         monkeypatch.setattr(kernels, "LOOP_BLOCK_N", 32)
     else:
         from fusedops.kernels.cuda import layer_norm as kernels
@@ -204,9 +205,8 @@ def test_looped_path_matches_float64(monkeypatch, op, affine, n, dtype, backend)
     _case(op, (5,), (n,), dtype, affine, backend)
 
 
-def test_looped_path_is_taken_when_forced(monkeypatch):
-    if "triton" not in KERNEL_BACKENDS:
-        pytest.skip("needs the triton backend")
+def _spy_forward_loop(monkeypatch) -> list:
+    """Record the grids the Triton forward's looped kernel is launched with."""
     from fusedops.kernels.triton import layer_norm as kernels
 
     calls = []
@@ -218,9 +218,18 @@ def test_looped_path_is_taken_when_forced(monkeypatch):
             return original[grid]
 
     monkeypatch.setattr(kernels, "_forward_loop_kernel", Spy())
+    return calls
+
+
+def test_looped_path_is_taken_when_forced(monkeypatch):
+    if "triton" not in KERNEL_BACKENDS:
+        pytest.skip("needs the triton backend")
+    from fusedops.kernels.triton import layer_norm as kernels
+
+    calls = _spy_forward_loop(monkeypatch)
     fusedops.layer_norm(random_tensor((2, 40), device=DEVICE), 40, backend="triton")
     assert not calls
-    monkeypatch.setattr(kernels, "MAX_FUSED_N", 32)
+    monkeypatch.setattr(kernels, "MAX_FUSED_N_FORWARD", 32)
     fusedops.layer_norm(random_tensor((2, 40), device=DEVICE), 40, backend="triton")
     assert calls == [(2,)]
 
@@ -375,3 +384,18 @@ def test_long_rows_on_gpu(op, n, backend):
 def test_rows_of_65536(backend):
     """The longest rows the benchmark uses, with the default thresholds (the looped path)."""
     _case("layer_norm", (2,), (65536,), torch.bfloat16, "both", backend, torch.float32)
+
+
+@pytest.mark.parametrize("n", [9000, 20000])
+@pytest.mark.parametrize("op", OPS)
+def test_forward_register_path_of_wide_rows(monkeypatch, op, n):
+    """Rows of 8193..32768 take the forward's register path (16 or 32 warps) and the looped
+    backward: both checked here through Triton (the interpreter on a CPU machine)."""
+    if "triton" not in KERNEL_BACKENDS:
+        pytest.skip("triton is not available here")
+    from fusedops.kernels.triton import layer_norm as kernels
+
+    assert kernels.MAX_FUSED_N < n <= kernels.MAX_FUSED_N_FORWARD
+    loop_calls = _spy_forward_loop(monkeypatch)
+    _case(op, (2,), (n,), torch.float32, "both", "triton")
+    assert not loop_calls  # the forward held the rows in registers

@@ -111,7 +111,7 @@ def test_state_dict_round_trips_between_fused_and_torch_modules():
     fused.load_state_dict(torch.load(buffer))
     back = _model()
     back.load_state_dict(fused.state_dict())
-    x = random_tensor((4, 16))
+    x = random_tensor((4, 16), device=device_under_test())
     assert_close(fused(x), plain(x).double())
     assert_close(back(x), plain(x).double())
 
@@ -121,10 +121,10 @@ def test_replace_modules_swaps_exact_classes_keeping_weights():
         pass
 
     torch.manual_seed(0)
-    model = nn.Sequential(_model(), MyNorm(16))
+    model = nn.Sequential(_model(), MyNorm(16)).to(device_under_test())
     ln = model[0][1]
     weight = ln.weight
-    x = random_tensor((4, 16))
+    x = random_tensor((4, 16), device=device_under_test())
     expected = model(x)
     fusedops.replace_modules(model, ["layer_norm", "rms_norm"])
     assert model[0][1] is ln and type(ln) is fusedops.nn.LayerNorm and ln.weight is weight

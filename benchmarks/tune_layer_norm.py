@@ -21,10 +21,10 @@ from common import (
 M = 4096
 SIZES = [1024, 4096, 8192, 16384, 32768, 65536]
 DTYPES = [torch.float32, torch.bfloat16]
-#: (name, MAX_FUSED_N_FORWARD, MAX_WARPS): register path up to the limit, warps for rows of up
-#: to 8192 (wider rows: BLOCK_N / 1024, see _register_tile). The CSV of 2026-11-22 was taken
-#: when MAX_WARPS also capped wide rows: its "regs,w16" / "regs,w32" rows are 16 / 32 warps.
-FORWARD_VARIANTS = [("loop>8192", 8192, 8), ("regs<=32768", 32768, 8), ("regs<=65536", 65536, 8)]
+#: (name, MAX_FUSED_N_FORWARD): register path up to the limit (warps: see _register_tile). The
+#: CSV of 2026-11-22 was taken when MAX_WARPS also capped wide rows: its "regs,w16" /
+#: "regs,w32" rows are 16 / 32 warps.
+FORWARD_VARIANTS = [("loop>8192", 8192), ("regs<=32768", 32768), ("regs<=65536", 65536)]
 #: (name, MAX_FUSED_N, BACKWARD_WARPS_8192)
 BACKWARD_VARIANTS = [("regs<=8192,w8@8192", 8192, 8), ("regs<=8192,w16@8192", 8192, 16)]
 
@@ -63,8 +63,8 @@ def main() -> None:
             w = torch.randn(n, device="cuda", dtype=dtype)
             b = torch.randn(n, device="cuda", dtype=dtype)
             _, mean, rstd = kernels.layer_norm_forward(x, w, b, 1e-5)
-            for name, limit, warps in FORWARD_VARIANTS:
-                kernels.MAX_FUSED_N_FORWARD, kernels.MAX_WARPS = limit, warps
+            for name, limit in FORWARD_VARIANTS:
+                kernels.MAX_FUSED_N_FORWARD = limit
                 try:
                     ms = median_ms(lambda: kernels.layer_norm_forward(x, w, b, 1e-5))
                     record(f"triton {name}", dtype, n, "fwd", ms, 2)

@@ -50,6 +50,12 @@ INTERPRETER_PROGRAMS = 4
 
 
 @triton.jit
+def _div_n(total, N):
+    """total / N, correctly rounded (Triton's ``/`` is approximate on NVIDIA GPUs)."""
+    return tl.div_rn(total, N * 1.0)
+
+
+@triton.jit
 def _rstd(var, eps):
     """1 / sqrt(var + eps), correctly rounded: Triton's ``/`` and ``tl.sqrt`` are approximate
     (2 ulp) on NVIDIA GPUs, which rstd amplifies in dx when var is near 0 (N = 1, constant
@@ -84,10 +90,10 @@ def _forward_rows_kernel(
     if RMS:
         xc = x
     else:
-        mean = tl.div_rn(tl.sum(x, axis=1), N * 1.0)
+        mean = _div_n(tl.sum(x, axis=1), N)
         xc = tl.where(mask, x - mean[:, None], 0.0)
         tl.store(mean_ptr + rows, mean, mask=row_mask)
-    var = tl.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+    var = _div_n(tl.sum(xc * xc, axis=1), N)
     rstd = _rstd(var, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
     y = xc * rstd[:, None]
@@ -130,8 +136,8 @@ def _forward_loop_kernel(
         d = tl.where(mask, x - shift, 0.0)
         s1 += d
         s2 += d * d
-    m1 = tl.div_rn(tl.sum(s1, axis=0), N * 1.0)
-    m2 = tl.div_rn(tl.sum(s2, axis=0), N * 1.0)
+    m1 = _div_n(tl.sum(s1, axis=0), N)
+    m2 = _div_n(tl.sum(s2, axis=0), N)
     if RMS:
         mean = 0.0
         var = m2
@@ -195,11 +201,11 @@ def _backward_rows_kernel(
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         g = dy * w[None, :] if HAS_WEIGHT else dy
-        c1 = tl.div_rn(tl.sum(xhat * g, axis=1), N * 1.0)
+        c1 = _div_n(tl.sum(xhat * g, axis=1), N)
         if RMS:
             dx = (g - xhat * c1[:, None]) * rstd[:, None]
         else:
-            c2 = tl.div_rn(tl.sum(g, axis=1), N * 1.0)
+            c2 = _div_n(tl.sum(g, axis=1), N)
             dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += dy * xhat
@@ -240,11 +246,11 @@ def _backward_coeffs_kernel(
         g = dy * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else dy
         s1 += xhat * g
         s2 += g
-    tl.store(c_ptr + row, tl.div_rn(tl.sum(s1, axis=0), N * 1.0))
+    tl.store(c_ptr + row, _div_n(tl.sum(s1, axis=0), N))
     if RMS:
         tl.store(c_ptr + M + row, 0.0)
     else:
-        tl.store(c_ptr + M + row, tl.div_rn(tl.sum(s2, axis=0), N * 1.0))
+        tl.store(c_ptr + M + row, _div_n(tl.sum(s2, axis=0), N))
 
 
 @triton.jit

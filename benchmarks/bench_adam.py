@@ -4,13 +4,13 @@ model (many small norms + large matrices), fp32 and bf16.
 
 GB/s counts the bytes a step must move: params, exp_avg and exp_avg_sq read and written, grads
 read (7 passes over the params' bytes; moments in the param dtype). Run:
-``python benchmarks/bench_adam.py [vit_b|llama_1b ...]``.
+``python benchmarks/bench_adam.py [vit_b|llama_1b ...] [--dtypes bfloat16,...] [--providers ...]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
-import sys
 
 import torch
 from common import (
@@ -23,7 +23,6 @@ from common import (
     timing_fields,
 )
 
-DTYPES = [torch.float32, torch.bfloat16]
 PASSES = 7
 
 
@@ -76,18 +75,30 @@ def optimizers(params):
     }
 
 
-def main(argv: list[str]) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help=f"any of {', '.join(MODELS)} (default: all)")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
+    parser.add_argument("--providers", default="", help="comma-separated (default: all)")
+    args = parser.parse_args()
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    wanted = set(filter(None, args.providers.split(",")))
     require_cuda("bench_adam")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
     rows = []
-    for model in argv or list(MODELS):
+    for model in args.models or list(MODELS):
         shapes = MODELS[model]()
-        for dtype in DTYPES:
+        for dtype in dtypes:
             params = make_params(shapes, dtype)
             numel = sum(p.numel() for p in params)
             moved = PASSES * numel * params[0].element_size()
             for name, make_step in optimizers(params).items():
+                if wanted and name not in wanted:
+                    continue
                 step = None
                 try:
                     step = make_step()
@@ -121,4 +132,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -138,6 +138,13 @@ def test_plan_tables_covers_every_chunk_once(max_tensors, max_chunks):
             assert following[2] == stop
 
 
+#: Keyword arguments of a backend's ``step`` (layout: fusedops.ops.adam) for the kernel tests.
+KERNEL_STEP_OPTIONS = dict(
+    lr=0.01, lr_tensor=None, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1,
+    amsgrad=False, maximize=False, decoupled=True, grad_scale=None, found_inf=None,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_small_chunks_and_table_refills_match_reference(backend):
     """Many chunks per tensor and tables that fill up: a tensor's chunks continue in the next
@@ -160,10 +167,7 @@ def test_small_chunks_and_table_refills_match_reference(backend):
         [],  # masters
         [torch.tensor(3.0, device=DEVICE) for _ in shapes],  # steps
     ]
-    options = dict(
-        lr=0.01, lr_tensor=None, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1,
-        amsgrad=True, maximize=False, decoupled=True, grad_scale=None, found_inf=None,
-    )  # fmt: skip
+    options = dict(KERNEL_STEP_OPTIONS, amsgrad=True)
     expected = [[t.clone() for t in values] for values in lists]
     reference.step(*expected, **options)
     if backend == "cuda":
@@ -187,6 +191,53 @@ def test_small_chunks_and_table_refills_match_reference(backend):
         for name, mine, theirs in zip(["param", "grad", "m", "v", "vmax"], got, expected):
             for a, b in zip(mine, theirs):
                 assert_close(a, b, msg=f"{name} ({label})")
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset-views"])
+def test_vector_and_scalar_paths_match_reference(backend, dtype, aligned):
+    """Tensors at 16-byte-aligned addresses take the kernels' vectorised loops (whole blocks,
+    then a partial one); views one element into a buffer take the scalar loops. Both match the
+    reference, with sizes that leave partial blocks and partial vectors."""
+    from fusedops.ops.adam import reference
+
+    generator = torch.Generator().manual_seed(5)
+    shapes = [(1,), (7,), (1000,), (4099,), (2, 515)]
+    offset = 0 if aligned else 1
+
+    def make(shape, positive=False):
+        values = torch.randn(shape, generator=generator)
+        values = values.abs() if positive else values
+        buffer = torch.empty(values.numel() + 8, dtype=dtype, device=DEVICE)
+        view = buffer[offset : offset + values.numel()].view(shape)
+        return view.copy_(values.to(DEVICE, dtype))
+
+    lists = [
+        [make(s) for s in shapes],
+        [make(s) for s in shapes],
+        [make(s) for s in shapes],
+        [make(s, positive=True) for s in shapes],
+        [],
+        [],
+        [torch.tensor(2.0, device=DEVICE) for _ in shapes],
+    ]
+    options = dict(KERNEL_STEP_OPTIONS, amsgrad=False)
+    expected = [[t.clone() for t in values] for values in lists]
+    reference.step(*expected, **options)
+    if backend == "cuda":
+        from fusedops.kernels.cuda import adam as cuda_adam
+
+        cuda_adam.step(*lists, chunk=1024, **options)
+    else:
+        from fusedops.kernels.triton import adam as triton_adam
+
+        tables = triton_adam.build_tables(lists, 512, 1000, 1000)
+        assert [table[3] for table in tables] == [aligned]
+        triton_adam.step(*lists, chunk=512, block=128, **options)
+    for name, mine, theirs in zip(["param", "grad", "m", "v"], lists, expected):
+        for a, b in zip(mine, theirs):
+            assert_close(a, b, msg=f"{name} ({dtype}, {'aligned' if aligned else 'offset'})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +285,29 @@ def test_state_dict_round_trip_continues_identically(kind, direction):
         assert_close(p, q)
         for key, value in first.state[q].items():
             assert_close(second.state[p][key].float(), value.float(), msg=key)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_replaced_between_steps_is_seen(backend):
+    """The step's fast path (state checked once, then trusted) notices a cleared state, a
+    state entry replaced by hand and a param whose storage was swapped, as torch does."""
+    params = _model_params()
+    copies = [p.detach().clone().requires_grad_() for p in params]
+    ours = FusedAdam(params, lr=0.01, weight_decay=0.01, backend=backend)
+    theirs = torch.optim.Adam(copies, lr=0.01, weight_decay=0.01, foreach=False)
+    for step, edit in enumerate([None, None, "clear", None, "replace", None, "storage", None]):
+        for opt, tensors in ((ours, params), (theirs, copies)):
+            if edit == "clear":
+                opt.state.clear()
+            elif edit == "replace":
+                state = opt.state[tensors[0]]
+                state["exp_avg"] = torch.full_like(state["exp_avg"], 0.5)
+            elif edit == "storage":
+                tensors[1].data = tensors[1].data.clone()
+        _train(ours, params, 1, seed=step)
+        _train(theirs, copies, 1, seed=step)
+        for p, q in zip(params, copies):
+            assert_close(p, q, msg=f"after {edit} (step {step})")
 
 
 def test_master_weights_state_dict_keeps_fp32_state():

@@ -30,6 +30,7 @@ from fusedops.ops.adam import adam_step
 _MASTER = "master_param"
 _MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _unpatched(cls: type) -> type:
@@ -75,12 +76,16 @@ class _FusedAdamMixin:
 
             dispatch.requested(backend)  # validates the name
         self.backend = backend
+        # id(param) -> (state, exp_avg, exp_avg_sq, (amsgrad, master_weights, dtype, device)) of
+        # params whose state _state_for has checked: their steps skip the checks (_ready_state).
+        self._fusedops_ready: dict[int, tuple] = {}
         for group in self.param_groups:
             group.setdefault("master_weights", master_weights)
         self.defaults["master_weights"] = master_weights
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_fusedops_ready", {})
         for group in self.param_groups:
             group.setdefault("master_weights", self.defaults.get("master_weights", False))
 
@@ -128,13 +133,52 @@ class _FusedAdamMixin:
             state["step"] = step.to(device=device, dtype=torch.float32)
         return state
 
+    def _ready_state(self, param: torch.Tensor, group: dict) -> dict | None:
+        """The state of a plain, contiguous, real param already checked by ``_state_for`` under
+        the group's current options (its moments are then dense like the param, in the right
+        dtype, and its step is on the param's device); None where the full path is needed."""
+        state = self.state.get(param)
+        known = self._fusedops_ready.get(id(param))
+        if (
+            state is None
+            or known is None
+            or known[0] is not state
+            or known[1] is not state.get("exp_avg")
+            or known[2] is not state.get("exp_avg_sq")
+            or known[3] != (group["amsgrad"], group["master_weights"], param.dtype, param.device)
+        ):
+            return None
+        return state
+
     def _step_group(self, group: dict, grad_scale, found_inf) -> None:
         groups: dict[tuple, list[list[torch.Tensor]]] = defaultdict(lambda: [[] for _ in range(7)])
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (original, contiguous temporary)
+        amsgrad = group["amsgrad"]
         for param in group["params"]:
-            if param.grad is None:
-                continue
             grad = param.grad
+            if grad is None:
+                continue
+            # Fast path (the usual step): plain contiguous tensors whose state is known good.
+            if (
+                type(param) in _PLAIN
+                and type(grad) is torch.Tensor
+                and grad.dtype == param.dtype
+                and param.is_contiguous()
+                and grad.is_contiguous()
+            ):
+                state = self._ready_state(param, group)
+                if state is not None:
+                    lists = groups[(param.device, param.dtype)]
+                    lists[0].append(param)
+                    lists[1].append(grad)
+                    lists[2].append(state["exp_avg"])
+                    lists[3].append(state["exp_avg_sq"])
+                    if amsgrad:
+                        lists[4].append(state["max_exp_avg_sq"])
+                    if _MASTER in state:
+                        lists[5].append(state[_MASTER])
+                    lists[6].append(state["step"])
+                    continue
             if grad.is_sparse:
                 raise RuntimeError(
                     "Adam does not support sparse gradients, please consider SparseAdam instead"
@@ -142,8 +186,15 @@ class _FusedAdamMixin:
             state = self._state_for(param, group)
             p, g = _local(param), _local(grad)
             m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
-            v_max = _local(state["max_exp_avg_sq"]) if group["amsgrad"] else None
+            v_max = _local(state["max_exp_avg_sq"]) if amsgrad else None
             master = _local(state[_MASTER]) if _MASTER in state else None
+            if (
+                type(param) in _PLAIN
+                and not torch.is_complex(p)
+                and all(t is None or _dense_like(t, p) for t in (m, v, v_max, master))
+            ):
+                flags = (amsgrad, group["master_weights"], param.dtype, param.device)
+                self._fusedops_ready[id(param)] = (state, m, v, flags)
             if torch.is_complex(p):  # as torch: the real and imaginary parts are independent
                 p, g, m, v = (torch.view_as_real(t) for t in (p, g, m, v))
                 v_max = torch.view_as_real(v_max) if v_max is not None else None

@@ -61,6 +61,57 @@ def _round(x, dtype: tl.constexpr, EMULATE_RTNE: tl.constexpr):
 
 
 @triton.jit
+def _adam_block(
+    offsets, mask, param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, max_ptr, master_ptr,
+    lr, step_size, bias_correction2_sqrt, beta1, beta2, eps, weight_decay, grad_scale_ptr,
+    PARAM_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr, AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr, DECOUPLED: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
+    HAS_MASTER: tl.constexpr, HAS_GRAD_SCALE: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+):  # fmt: skip
+    """The update of the elements at ``offsets`` (mask None: every one is in bounds)."""
+    g = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
+    if HAS_GRAD_SCALE:
+        g = g / tl.load(grad_scale_ptr)
+        tl.store(grad_ptr + offsets, _round(g, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+    if MAXIMIZE:
+        g = -g
+    if HAS_MASTER:
+        p = tl.load(master_ptr + offsets, mask=mask)
+    else:
+        p = tl.load(param_ptr + offsets, mask=mask).to(tl.float32)
+    if HAS_WEIGHT_DECAY:
+        if DECOUPLED:
+            p = p * (1.0 - lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+    m = tl.load(exp_avg_ptr + offsets, mask=mask).to(tl.float32)
+    v = tl.load(exp_avg_sq_ptr + offsets, mask=mask).to(tl.float32)
+    m = m + (1.0 - beta1) * (g - m)
+    v = beta2 * v + (1.0 - beta2) * g * g
+    tl.store(exp_avg_ptr + offsets, _round(m, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+    tl.store(exp_avg_sq_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+    if AMSGRAD:
+        v_max = tl.load(max_ptr + offsets, mask=mask).to(tl.float32)
+        v = tl.maximum(v_max, v)
+        tl.store(max_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
+    denom = tl.sqrt(v) / bias_correction2_sqrt + eps
+    p = p - step_size * (m / denom)
+    if HAS_MASTER:
+        tl.store(master_ptr + offsets, p, mask=mask)
+    tl.store(param_ptr + offsets, _round(p, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+
+
+@triton.jit
+def _table_pointer(table_ptr, row, n_slots, slot, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
+    """The address in ``row`` of the table for ``slot``, as a pointer to DTYPE; ALIGNED: the
+    launcher checked that every address is a multiple of 16 bytes (lets loads vectorise)."""
+    pointer = tl.load(table_ptr + row * n_slots + slot).to(tl.pointer_type(DTYPE))
+    if ALIGNED:
+        pointer = tl.multiple_of(pointer, 16)
+    return pointer
+
+
+@triton.jit
 def _adam_kernel(
     table_ptr,
     n_slots,
@@ -85,16 +136,19 @@ def _adam_kernel(
     HAS_FOUND_INF: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    ALIGNED: tl.constexpr,
     EMULATE_RTNE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     slot = tl.load(table_ptr + 8 * n_slots + pid)
     chunk = tl.load(table_ptr + 8 * n_slots + n_chunks + pid)
-    param_ptr = tl.load(table_ptr + slot).to(tl.pointer_type(PARAM_DTYPE))
-    grad_ptr = tl.load(table_ptr + n_slots + slot).to(tl.pointer_type(PARAM_DTYPE))
-    exp_avg_ptr = tl.load(table_ptr + 2 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
-    exp_avg_sq_ptr = tl.load(table_ptr + 3 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
-    step_ptr = tl.load(table_ptr + 6 * n_slots + slot).to(tl.pointer_type(tl.float32))
+    param_ptr = _table_pointer(table_ptr, 0, n_slots, slot, PARAM_DTYPE, ALIGNED)
+    grad_ptr = _table_pointer(table_ptr, 1, n_slots, slot, PARAM_DTYPE, ALIGNED)
+    exp_avg_ptr = _table_pointer(table_ptr, 2, n_slots, slot, STATE_DTYPE, ALIGNED)
+    exp_avg_sq_ptr = _table_pointer(table_ptr, 3, n_slots, slot, STATE_DTYPE, ALIGNED)
+    max_ptr = _table_pointer(table_ptr, 4, n_slots, slot, STATE_DTYPE, ALIGNED)
+    master_ptr = _table_pointer(table_ptr, 5, n_slots, slot, tl.float32, ALIGNED)
+    step_ptr = _table_pointer(table_ptr, 6, n_slots, slot, tl.float32, False)
     numel = tl.load(table_ptr + 7 * n_slots + slot)
 
     # Per-program scalars: everything read on the device (no host synchronisation).
@@ -104,50 +158,31 @@ def _adam_kernel(
     bias_correction1 = 1.0 - tl.exp(step * tl.log(beta1))
     bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
     step_size = lr / bias_correction1
-    if HAS_MASTER:
-        master_ptr = tl.load(table_ptr + 5 * n_slots + slot).to(tl.pointer_type(tl.float32))
-    if AMSGRAD:
-        max_ptr = tl.load(table_ptr + 4 * n_slots + slot).to(tl.pointer_type(STATE_DTYPE))
     # found_inf: the chunk is empty, so nothing is read or written.
     live = numel
     if HAS_FOUND_INF:
         live = tl.where(tl.load(found_inf_ptr) != 0.0, 0, numel)
     chunk_start = chunk * CHUNK
-    chunk_len = tl.minimum(live - chunk_start, CHUNK)
-
-    for start in range(0, chunk_len, BLOCK):
+    chunk_len = tl.maximum(tl.minimum(live - chunk_start, CHUNK), 0)
+    # Whole blocks without a mask (a mask against a size read from memory stops the loads from
+    # vectorising), then the partial block at the end of a tensor with one.
+    full = (chunk_len // BLOCK) * BLOCK
+    for start in range(0, full, BLOCK):
         offsets = chunk_start + start + tl.arange(0, BLOCK)
-        mask = offsets < live
-        g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        if HAS_GRAD_SCALE:
-            g = g / tl.load(grad_scale_ptr)
-            tl.store(grad_ptr + offsets, _round(g, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
-        if MAXIMIZE:
-            g = -g
-        if HAS_MASTER:
-            p = tl.load(master_ptr + offsets, mask=mask, other=0.0)
-        else:
-            p = tl.load(param_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        if HAS_WEIGHT_DECAY:
-            if DECOUPLED:
-                p = p * (1.0 - lr * weight_decay)
-            else:
-                g = g + weight_decay * p
-        m = tl.load(exp_avg_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        v = tl.load(exp_avg_sq_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        m = m + (1.0 - beta1) * (g - m)
-        v = beta2 * v + (1.0 - beta2) * g * g
-        tl.store(exp_avg_ptr + offsets, _round(m, STATE_DTYPE, EMULATE_RTNE), mask=mask)
-        tl.store(exp_avg_sq_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
-        if AMSGRAD:
-            v_max = tl.load(max_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            v = tl.maximum(v_max, v)
-            tl.store(max_ptr + offsets, _round(v, STATE_DTYPE, EMULATE_RTNE), mask=mask)
-        denom = tl.sqrt(v) / bias_correction2_sqrt + eps
-        p = p - step_size * (m / denom)
-        if HAS_MASTER:
-            tl.store(master_ptr + offsets, p, mask=mask)
-        tl.store(param_ptr + offsets, _round(p, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+        _adam_block(
+            offsets, None, param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, max_ptr,
+            master_ptr, lr, step_size, bias_correction2_sqrt, beta1, beta2, eps, weight_decay,
+            grad_scale_ptr, PARAM_DTYPE, STATE_DTYPE, AMSGRAD, MAXIMIZE, DECOUPLED,
+            HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, EMULATE_RTNE,
+        )  # fmt: skip
+    if full < chunk_len:
+        offsets = chunk_start + full + tl.arange(0, BLOCK)
+        _adam_block(
+            offsets, offsets < chunk_start + chunk_len, param_ptr, grad_ptr, exp_avg_ptr,
+            exp_avg_sq_ptr, max_ptr, master_ptr, lr, step_size, bias_correction2_sqrt, beta1,
+            beta2, eps, weight_decay, grad_scale_ptr, PARAM_DTYPE, STATE_DTYPE, AMSGRAD,
+            MAXIMIZE, DECOUPLED, HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, EMULATE_RTNE,
+        )  # fmt: skip
 
 
 def plan_tables(
@@ -180,7 +215,8 @@ def build_tables(
 ) -> list[tuple[torch.Tensor, int, int]]:
     """The launch tables for tensor lists (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq,
     master, step; empty lists for unused ones), on the params' device: one (table, n_slots,
-    n_chunks) per launch, the int64 layout of the module docstring."""
+    n_chunks, aligned) per launch, the int64 layout of the module docstring; aligned: every
+    tensor address of the table is a multiple of 16 bytes."""
     params = lists[0]
     n = len(params)
     addresses = torch.zeros((7, n), dtype=torch.int64)
@@ -203,27 +239,24 @@ def build_tables(
                 chunk_index[start:stop],
             ]
         )
-        host.append((table, last - first, stop - start))
-    flat = torch.cat([t for t, _, _ in host]).to(params[0].device, non_blocking=True)
+        aligned = bool((addresses[:6, first:last] % 16 == 0).all())
+        host.append((table, last - first, stop - start, aligned))
+    flat = torch.cat([entry[0] for entry in host]).to(params[0].device, non_blocking=True)
     tables, offset = [], 0
-    for table, n_slots, n_chunks in host:
-        tables.append((flat[offset : offset + table.numel()], n_slots, n_chunks))
+    for table, n_slots, n_chunks, aligned in host:
+        tables.append((flat[offset : offset + table.numel()], n_slots, n_chunks, aligned))
         offset += table.numel()
     return tables
 
 
 _cache_lock = threading.Lock()
-_cache: dict[tuple, list[tuple[torch.Tensor, int, int]]] = {}
+_cache: dict[tuple, list[tuple[torch.Tensor, int, int, bool]]] = {}
 _CACHE_ENTRIES = 64
 
 
 def _tables(lists, chunk, max_tensors, max_chunks):
-    key = (
-        chunk,
-        max_tensors,
-        max_chunks,
-        tuple(tuple((t.data_ptr(), t.numel()) for t in tensors) for tensors in lists),
-    )
+    addresses = tuple(tuple(map(torch.Tensor.data_ptr, tensors)) for tensors in lists)
+    key = (chunk, max_tensors, max_chunks, tuple(map(torch.Tensor.numel, lists[0])), addresses)
     with _cache_lock:
         tables = _cache.get(key)
     if tables is None:
@@ -270,7 +303,7 @@ def step(
     block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
     lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps]
     dummy = steps[0]  # any tensor: stands for pointers a kernel variant never reads
-    for table, n_slots, n_chunks in _tables(lists, chunk, max_tensors, max_chunks):
+    for table, n_slots, n_chunks, aligned in _tables(lists, chunk, max_tensors, max_chunks):
         _adam_kernel[(n_chunks,)](
             table,
             n_slots,
@@ -295,5 +328,6 @@ def step(
             HAS_FOUND_INF=found_inf is not None,
             CHUNK=chunk,
             BLOCK=block,
+            ALIGNED=aligned,
             EMULATE_RTNE=interpreted,
         )

@@ -18,6 +18,11 @@ def set_poison(enabled: bool) -> bool:
     return previous
 
 
+def poisoning() -> bool:
+    """Whether outputs are being poisoned (launchers that allocate in C++ pass this on)."""
+    return _poison
+
+
 def poison_value(dtype: torch.dtype) -> float | int | bool:
     """The value poisoned outputs are filled with: NaN for floats, the max for integers."""
     if dtype.is_floating_point or dtype.is_complex:

@@ -259,46 +259,72 @@ def _rms_norm_backward(ctx, dy, _drstd):
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
 
 
+def _flatten(x, params, n):
+    """x as contiguous rows (M, n) and each parameter (or None) as (n,)."""
+    rows = x.contiguous().view(-1, n)
+    return rows, [None if p is None else p.reshape(n) for p in params]
+
+
+def _shapes(*tensors):
+    return tuple(None if t is None else t.shape for t in tensors)
+
+
+def _unflatten(grads, shapes):
+    """Each gradient (or None) in the shape of its input."""
+    return [None if g is None else g.view(shape) for g, shape in zip(grads, shapes)]
+
+
 class _LayerNormFunction(torch.autograd.Function):
-    """The eager path (ops/_eager.py): the custom op's bodies without its wrappers. Classic
-    ``forward(ctx, ...)``: a separate setup_context makes ``apply`` bind arguments through
-    ``inspect.signature`` on every call."""
+    """The eager path (ops/_eager.py): the custom op's bodies without its wrappers. It takes x
+    and the parameters in their own shapes and returns y only: the flattening happens inside,
+    where autograd records no view nodes, and no statistics outputs need zero gradients.
+    Classic ``forward(ctx, ...)``: a separate setup_context makes ``apply`` bind arguments
+    through ``inspect.signature`` on every call."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, backend):
-        output = _layer_norm_forward(x, weight, bias, eps, backend)
-        _layer_norm_setup_context(ctx, (x, weight, bias, eps, backend), output)
-        return output
+    def forward(ctx, x, weight, bias, eps, backend, n):
+        rows, (w, b) = _flatten(x, (weight, bias), n)
+        y, mean, rstd = _layer_norm_forward(rows, w, b, eps, backend)
+        ctx.save_for_backward(rows, w, b, mean, rstd)
+        ctx.backend = dispatch.requested(backend)
+        ctx.shapes = _shapes(x, weight, bias)
+        return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx, dy, _dmean, _drstd):
-        x, weight, bias, mean, rstd = ctx.saved_tensors
-        dx, dweight, dbias = _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, ctx.backend)
-        return dx, dweight, dbias, None, None
+    def backward(ctx, dy):
+        rows, w, b, mean, rstd = ctx.saved_tensors
+        grads = _layer_norm_backward_body(
+            dy.reshape(rows.shape), rows, w, b, mean, rstd, ctx.backend
+        )
+        return (*_unflatten(grads, ctx.shapes), None, None, None)
 
 
 class _RMSNormFunction(torch.autograd.Function):
-    """The eager path of rms_norm (ops/_eager.py)."""
+    """The eager path of rms_norm (as _LayerNormFunction)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, backend):
-        output = _rms_norm_forward(x, weight, eps, backend)
-        _rms_norm_setup_context(ctx, (x, weight, eps, backend), output)
-        return output
+    def forward(ctx, x, weight, eps, backend, n):
+        rows, (w,) = _flatten(x, (weight,), n)
+        y, rstd = _rms_norm_forward(rows, w, eps, backend)
+        ctx.save_for_backward(rows, w, rstd)
+        ctx.backend = dispatch.requested(backend)
+        ctx.shapes = _shapes(x, weight)
+        return y.view(x.shape)
 
     @staticmethod
-    def backward(ctx, dy, _drstd):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, ctx.backend)
-        return dx, dweight, None, None
+    def backward(ctx, dy):
+        rows, w, rstd = ctx.saved_tensors
+        grads = _rms_norm_backward_body(dy.reshape(rows.shape), rows, w, rstd, ctx.backend)
+        return (*_unflatten(grads, ctx.shapes), None, None, None)
 
 
 # ------------------------------------------------------------------------------------------
-# Public functions: validate once, flatten to rows, call the custom op.
+# Public functions: validate once, then the eager Function, or flatten to rows and call the
+# custom op.
 
 
-def _as_rows(x, normalized_shape, params: dict):
-    """Check the inputs; return x as contiguous rows (M, N) and the parameters as (N,)."""
+def _row_length(x, normalized_shape, params: dict) -> int:
+    """Check the inputs; return N, the number of elements of normalized_shape."""
     check_tensor(x, "x")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
@@ -317,19 +343,16 @@ def _as_rows(x, normalized_shape, params: dict):
     n = math.prod(shape)
     if n == 0:
         raise ValueError(f"normalized_shape {list(shape)} has no elements")
-    rows = {}
     for name, p in params.items():
         if p is None:
-            rows[name] = None
             continue
         check_tensor(p, name)
         if tuple(p.shape) != shape:
             raise ValueError(
                 f"{name} has shape {list(p.shape)}, expected normalized_shape {list(shape)}"
             )
-        rows[name] = p.reshape(n)
     check_same_device(x, "x", **params)
-    return x.contiguous().view(-1, n), rows
+    return n
 
 
 def layer_norm(
@@ -349,10 +372,11 @@ def layer_norm(
     shape and dtype; gradients for x, weight and bias in their own dtypes. Works under
     torch.compile and torch.export. backend: "cuda" | "triton" | "reference" to force one.
     """
-    rows, params = _as_rows(x, normalized_shape, {"weight": weight, "bias": bias})
-    weight, bias = params["weight"], params["bias"]
-    op = _LayerNormFunction.apply if eager_fast_path(rows, weight, bias) else _layer_norm_op
-    y, _, _ = op(rows, weight, bias, float(eps), backend)
+    n = _row_length(x, normalized_shape, {"weight": weight, "bias": bias})
+    if eager_fast_path(x, weight, bias):
+        return _LayerNormFunction.apply(x, weight, bias, float(eps), backend, n)
+    rows, (weight, bias) = _flatten(x, (weight, bias), n)
+    y, _, _ = _layer_norm_op(rows, weight, bias, float(eps), backend)
     return y.view(x.shape)
 
 
@@ -370,10 +394,11 @@ def rms_norm(
     weight: normalized_shape or None, any float dtype. eps: None means ``torch.finfo(x.dtype).eps``
     (as torch). Returns a contiguous tensor of x's shape and dtype. backend: as for layer_norm.
     """
-    rows, params = _as_rows(x, normalized_shape, {"weight": weight})
+    n = _row_length(x, normalized_shape, {"weight": weight})
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    weight = params["weight"]
-    op = _RMSNormFunction.apply if eager_fast_path(rows, weight) else _rms_norm_op
-    y, _ = op(rows, weight, float(eps), backend)
+    if eager_fast_path(x, weight):
+        return _RMSNormFunction.apply(x, weight, float(eps), backend, n)
+    rows, (weight,) = _flatten(x, (weight,), n)
+    y, _ = _rms_norm_op(rows, weight, float(eps), backend)
     return y.view(x.shape)

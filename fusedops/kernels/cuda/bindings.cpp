@@ -1,10 +1,16 @@
 // The one TORCH_LIBRARY registration of the CUDA launchers: unwraps tensors, checks them,
 // takes the current stream and calls the plain-CUDA launchers declared in launchers.h.
-// Outputs are allocated by the Python side (kernels/cuda/<op>.py) and passed in.
+// Outputs are allocated by the Python side (kernels/cuda/<op>.py) and passed in, except for
+// LayerNorm's, allocated here.
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <limits>
+#include <tuple>
+#include <utility>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -67,7 +73,9 @@ void quick_gelu_backward(const at::Tensor& grad, const at::Tensor& x, at::Tensor
                "quick_gelu_backward");
 }
 
-// LayerNorm / RMSNorm: x (rows, cols); fp32 (cols) parameters and (rows) statistics.
+// LayerNorm / RMSNorm: x (rows, cols); parameters (cols) in fp32 or x's dtype; fp32 statistics.
+// These two allocate their outputs here (one call from Python per direction: the host cost of
+// a small LayerNorm is mostly per-call overhead). poison: fill them with NaN first (tests).
 float* float_ptr(const std::optional<at::Tensor>& t, const char* name, int64_t numel,
                  const at::Tensor& like) {
   if (!t.has_value()) return nullptr;
@@ -79,67 +87,117 @@ float* float_ptr(const std::optional<at::Tensor>& t, const char* name, int64_t n
   return static_cast<float*>(t->data_ptr());
 }
 
-void layer_norm_forward(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                        const std::optional<at::Tensor>& bias, at::Tensor& y,
-                        const std::optional<at::Tensor>& mean, at::Tensor& rstd, double eps,
-                        bool rms, int64_t max_register_cols) {
-  TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
-  check_input(x, "x", x);
-  check_input(y, "y", x);
-  const int64_t rows = x.size(0);
-  const int64_t cols = x.size(1);
-  TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
-  c10::cuda::CUDAGuard guard(x.device());
-  check_launch(
-      fusedops::layer_norm_forward(
-          x.const_data_ptr(), float_ptr(weight, "weight", cols, x), float_ptr(bias, "bias", cols, x),
-          y.data_ptr(), float_ptr(mean, "mean", rows, x), float_ptr(rstd, "rstd", rows, x), rows,
-          cols, static_cast<float>(eps), rms, max_register_cols, dtype_of(x, "x"),
-          current_stream()),
-      "layer_norm_forward");
+// weight and bias: absent, or (cols) contiguous on x's device, one dtype for both: fp32 or x's.
+DType param_dtype_of(const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& x) {
+  at::ScalarType type = at::kFloat;
+  bool seen = false;
+  for (const auto& [t, name] : {std::pair{&weight, "weight"}, std::pair{&bias, "bias"}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& p = t->value();
+    TORCH_CHECK(p.is_cuda() && p.device() == x.device(), name, " must be on ", x.device());
+    TORCH_CHECK(p.is_contiguous() && p.numel() == x.size(1), name, " must be ", x.size(1),
+                " contiguous elements");
+    TORCH_CHECK_TYPE(p.scalar_type() == at::kFloat || p.scalar_type() == x.scalar_type(), name,
+                     " must be float32 or x's dtype ", x.scalar_type(), ", got ", p.scalar_type());
+    TORCH_CHECK_TYPE(!seen || p.scalar_type() == type, "weight and bias must share a dtype");
+    type = p.scalar_type();
+    seen = true;
+  }
+  return type == at::kFloat ? DType::kFloat32 : dtype_of(x, "x");
 }
 
-void layer_norm_backward(const at::Tensor& dy, const at::Tensor& x,
-                         const std::optional<at::Tensor>& weight,
-                         const std::optional<at::Tensor>& mean, const at::Tensor& rstd,
-                         at::Tensor& dx, const std::optional<at::Tensor>& dw_partial,
-                         const std::optional<at::Tensor>& db_partial,
-                         const std::optional<at::Tensor>& dweight,
-                         const std::optional<at::Tensor>& dbias,
-                         const std::optional<at::Tensor>& coeffs, bool rms,
-                         int64_t max_register_cols) {
+const void* const_ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->const_data_ptr() : nullptr;
+}
+
+at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& options, bool poison) {
+  at::Tensor t = at::empty(shape, options);
+  if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+
+// Blocks of the backward = fp32 partial rows of the dweight/dbias reduction: two per SM.
+int64_t backward_partial_rows(const at::Tensor& x) {
+  static std::array<std::atomic<int>, 64> multiprocessors{};  // by device index; 0: unknown
+  const int device = x.get_device();
+  int sms = device < 64 ? multiprocessors[device].load(std::memory_order_relaxed) : 0;
+  if (sms == 0) {
+    check_launch(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                 "cudaDeviceGetAttribute");
+    if (device < 64) multiprocessors[device].store(sms, std::memory_order_relaxed);
+  }
+  return std::max<int64_t>(1, std::min<int64_t>({x.size(0), 2 * int64_t{sms}, 65535}));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, double eps, bool rms, int64_t max_register_cols,
+    bool poison) {
+  TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
+  check_input(x, "x", x);
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  const DType param_dtype = param_dtype_of(weight, bias, x);
+  const at::TensorOptions stats = x.options().dtype(at::kFloat);
+  at::Tensor y = new_output(x.sizes(), x.options(), poison);
+  at::Tensor mean = new_output({rms ? 0 : rows}, stats, poison);
+  at::Tensor rstd = new_output({rows}, stats, poison);
+  c10::cuda::CUDAGuard guard(x.device());
+  check_launch(fusedops::layer_norm_forward(
+                   x.const_data_ptr(), const_ptr(weight), const_ptr(bias), param_dtype,
+                   y.data_ptr(), rms ? nullptr : mean.data_ptr<float>(), rstd.data_ptr<float>(),
+                   rows, cols, static_cast<float>(eps), rms, max_register_cols,
+                   dtype_of(x, "x"), current_stream()),
+               "layer_norm_forward");
+  return {y, mean, rstd};
+}
+
+// Returns dx, dweight (undefined without weight), dbias (undefined without bias).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& mean,
+    const at::Tensor& rstd, bool rms, int64_t max_register_cols, bool poison) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
   check_input(x, "x", x);
   check_input(dy, "dy", x);
-  check_input(dx, "dx", x);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
-  int64_t partial_rows = 1;
-  for (const auto* partial : {&dw_partial, &db_partial}) {
-    if (partial->has_value()) {
-      TORCH_CHECK((*partial)->dim() == 2 && (*partial)->size(1) == cols,
-                  "partial rows must be (partial_rows, cols)");
-      partial_rows = (*partial)->size(0);
-    }
+  const DType param_dtype = param_dtype_of(weight, bias, x);
+  at::Tensor dx = new_output(x.sizes(), x.options(), poison);
+  at::Tensor dweight, dbias;
+  if (rows == 0) {  // nothing to reduce: zero gradients
+    if (weight.has_value()) dweight = at::zeros_like(*weight);
+    if (bias.has_value()) dbias = at::zeros_like(*bias);
+    return {dx, dweight, dbias};
   }
-  if (dw_partial.has_value() && db_partial.has_value()) {
-    TORCH_CHECK(dw_partial->size(0) == db_partial->size(0), "dw_partial and db_partial differ");
+  const int64_t partial_rows = backward_partial_rows(x);
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
+  at::Tensor dw_partial, db_partial, coeffs;
+  if (weight.has_value()) {
+    dw_partial = new_output({partial_rows, cols}, f32, poison);
+    dweight = new_output({cols}, weight->options(), poison);
   }
-  if (!dw_partial.has_value() && !db_partial.has_value()) {
-    partial_rows = std::min<int64_t>(std::max<int64_t>(rows, 1), 65535);
+  if (bias.has_value()) {
+    db_partial = new_output({partial_rows, cols}, f32, poison);
+    dbias = new_output({cols}, bias->options(), poison);
   }
+  if (cols > std::min<int64_t>(max_register_cols, 8192)) coeffs = new_output({2, rows}, f32, poison);
+  const auto data = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+  const auto floats = [](const at::Tensor& t) {
+    return t.defined() ? t.data_ptr<float>() : nullptr;
+  };
   c10::cuda::CUDAGuard guard(x.device());
   check_launch(
       fusedops::layer_norm_backward(
-          dy.const_data_ptr(), x.const_data_ptr(), float_ptr(weight, "weight", cols, x),
+          dy.const_data_ptr(), x.const_data_ptr(), const_ptr(weight), param_dtype,
           float_ptr(mean, "mean", rows, x), float_ptr(rstd, "rstd", rows, x), dx.data_ptr(),
-          float_ptr(dw_partial, "dw_partial", partial_rows * cols, x),
-          float_ptr(db_partial, "db_partial", partial_rows * cols, x), partial_rows,
-          float_ptr(dweight, "dweight", cols, x), float_ptr(dbias, "dbias", cols, x),
-          float_ptr(coeffs, "coeffs", 2 * rows, x), rows, cols, rms, max_register_cols,
-          dtype_of(x, "x"), current_stream()),
+          floats(dw_partial), floats(db_partial), partial_rows, data(dweight), data(dbias),
+          floats(coeffs), rows, cols, rms, max_register_cols, dtype_of(x, "x"),
+          current_stream()),
       "layer_norm_backward");
+  return {dx, dweight, dbias};
 }
 
 // Adam / AdamW: one group of tensors (one device, one param dtype); layout in launchers.h.
@@ -240,12 +298,11 @@ TORCH_LIBRARY(fusedops_cuda, m) {
   m.def("quick_gelu_forward(Tensor x, Tensor(a!) y) -> ()");
   m.def("quick_gelu_backward(Tensor grad, Tensor x, Tensor(a!) dx) -> ()");
   m.def(
-      "layer_norm_forward(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!) y, Tensor(b!)? mean, "
-      "Tensor(c!) rstd, float eps, bool rms, int max_register_cols) -> ()");
+      "layer_norm_forward(Tensor x, Tensor? weight, Tensor? bias, float eps, bool rms, "
+      "int max_register_cols, bool poison) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? mean, Tensor rstd, "
-      "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, Tensor(d!)? dweight, "
-      "Tensor(e!)? dbias, Tensor(f!)? coeffs, bool rms, int max_register_cols) -> ()");
+      "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor? mean, "
+      "Tensor rstd, bool rms, int max_register_cols, bool poison) -> (Tensor, Tensor, Tensor)");
   m.def(
       "adam_step(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] masters, "

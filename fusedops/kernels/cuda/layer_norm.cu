@@ -1,7 +1,7 @@
 // LayerNorm and RMSNorm forward and backward, the same algorithm as kernels/triton/layer_norm.py.
 //
-// x is (rows, cols) contiguous; weight and bias are fp32 (the Python side converts them), or
-// null when absent. Statistics in fp32; lanes past the end of a row hold 0 before every
+// x is (rows, cols) contiguous; weight and bias (null when absent) are fp32 or x's dtype (one
+// dtype for both), read as fp32; dweight/dbias are stored in that dtype. Statistics in fp32; lanes past the end of a row hold 0 before every
 // reduction. mean (LayerNorm only) and rstd are saved in fp32.
 //
 // Register path (cols <= min(max_register_cols, kMaxRegisterCols)): a row is held in registers,
@@ -63,10 +63,10 @@ __device__ __forceinline__ float row_sum(float v, float* shared /* kWarpsPerBloc
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-template <typename T, int kRowWarps, int kVpt>
+template <typename T, typename W, int kRowWarps, int kVpt>
 __global__ void __launch_bounds__(kThreads)
-    forward_register_kernel(const T* __restrict__ x, const float* __restrict__ weight,
-                            const float* __restrict__ bias, T* __restrict__ y,
+    forward_register_kernel(const T* __restrict__ x, const W* __restrict__ weight,
+                            const W* __restrict__ bias, T* __restrict__ y,
                             float* __restrict__ mean_out, float* __restrict__ rstd_out,
                             int64_t rows, int cols, float eps, bool rms) {
   constexpr int kRowThreads = kRowWarps * kWarp;
@@ -107,18 +107,18 @@ __global__ void __launch_bounds__(kThreads)
       const int j = i * kRowThreads + t;
       if (j < cols) {
         float out = v[i] * rstd;
-        if (weight != nullptr) out *= weight[j];
-        if (bias != nullptr) out += bias[j];
+        if (weight != nullptr) out *= to_float(weight[j]);
+        if (bias != nullptr) out += to_float(bias[j]);
         y_row[j] = from_float<T>(out);
       }
     }
   }
 }
 
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
-    forward_loop_kernel(const T* __restrict__ x, const float* __restrict__ weight,
-                        const float* __restrict__ bias, T* __restrict__ y,
+    forward_loop_kernel(const T* __restrict__ x, const W* __restrict__ weight,
+                        const W* __restrict__ bias, T* __restrict__ y,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
                         int cols, float eps, bool rms) {
   __shared__ float shared[kWarpsPerBlock];
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kThreads)
     T* y_row = y + row * cols;
     for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       float out = (to_float(x_row[j]) - mean) * rstd;
-      if (weight != nullptr) out *= weight[j];
-      if (bias != nullptr) out += bias[j];
+      if (weight != nullptr) out *= to_float(weight[j]);
+      if (bias != nullptr) out += to_float(bias[j]);
       y_row[j] = from_float<T>(out);
     }
   }
@@ -183,10 +183,10 @@ __device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* p
   }
 }
 
-template <typename T, int kRowWarps, int kVpt>
+template <typename T, typename W, int kRowWarps, int kVpt>
 __global__ void __launch_bounds__(kThreads)
     backward_register_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                             const float* __restrict__ weight, const float* __restrict__ mean,
+                             const W* __restrict__ weight, const float* __restrict__ mean,
                              const float* __restrict__ rstd, T* __restrict__ dx,
                              float* __restrict__ dw_partial, float* __restrict__ db_partial,
                              int64_t rows, int cols, bool rms) {
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads)
       if (j < cols) {
         const float d = to_float(dy_row[j]);
         xhat[i] = (to_float(x_row[j]) - mu) * rs;
-        g[i] = weight != nullptr ? d * weight[j] : d;
+        g[i] = weight != nullptr ? d * to_float(weight[j]) : d;
         dw_acc[i] += d * xhat[i];
         db_acc[i] += d;
       }
@@ -250,10 +250,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // c[row] = mean(xhat * g), c[rows + row] = mean(g) (0 for RMSNorm): a block per row.
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
     row_coeffs_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                      const float* __restrict__ weight, const float* __restrict__ mean,
+                      const W* __restrict__ weight, const float* __restrict__ mean,
                       const float* __restrict__ rstd, float* __restrict__ coeffs, int64_t rows,
                       int cols, bool rms) {
   __shared__ float shared[kWarpsPerBlock];
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       const float d = to_float(dy_row[j]);
       const float xhat = (to_float(x_row[j]) - mu) * rs;
-      const float g = weight != nullptr ? d * weight[j] : d;
+      const float g = weight != nullptr ? d * to_float(weight[j]) : d;
       s1 += xhat * g;
       s2 += g;
     }
@@ -282,10 +282,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Grid (column chunks of kThreads, row groups): thread j of group b handles column j of rows
 // b, b + groups, ...; writes dx and partial[b, j].
-template <typename T>
+template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
     backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                            const float* __restrict__ weight, const float* __restrict__ mean,
+                            const W* __restrict__ weight, const float* __restrict__ mean,
                             const float* __restrict__ rstd, const float* __restrict__ coeffs,
                             T* __restrict__ dx, float* __restrict__ dw_partial,
                             float* __restrict__ db_partial, int64_t rows, int cols, bool rms) {
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
   if (j >= cols) return;
   const int64_t group = blockIdx.y;
   const int64_t groups = gridDim.y;
-  const float w = weight != nullptr ? weight[j] : 1.0f;
+  const float w = weight != nullptr ? to_float(weight[j]) : 1.0f;
   float dw_acc = 0.0f;
   float db_acc = 0.0f;
   for (int64_t row = group; row < rows; row += groups) {
@@ -311,15 +311,16 @@ __global__ void __launch_bounds__(kThreads)
   if (db_partial != nullptr) db_partial[group * cols + j] = db_acc;
 }
 
-// out[j] = sum over p = 0 .. partial_rows - 1 of partial[p, j], in order.
+// out[j] = sum over p = 0 .. partial_rows - 1 of partial[p, j], in order (fp32), stored as W.
+template <typename W>
 __global__ void __launch_bounds__(kThreads)
-    column_sum_kernel(const float* __restrict__ partial, float* __restrict__ out,
+    column_sum_kernel(const float* __restrict__ partial, W* __restrict__ out,
                       int64_t partial_rows, int cols) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
   float total = 0.0f;
   for (int64_t p = 0; p < partial_rows; ++p) total += partial[p * cols + j];
-  out[j] = total;
+  out[j] = from_float<W>(total);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,73 +367,103 @@ unsigned int row_blocks(int64_t rows, int rows_per_block) {
   return grid_blocks(rows, rows_per_block);
 }
 
-template <typename T>
-void launch_forward(const void* x, const float* weight, const float* bias, void* y, float* mean,
+template <typename T, typename W>
+void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
                     float* rstd, int64_t rows, int cols, float eps, bool rms,
                     int64_t max_register_cols, cudaStream_t stream) {
   const T* tx = static_cast<const T*>(x);
+  const W* tw = static_cast<const W*>(weight);
+  const W* tb = static_cast<const W*>(bias);
   T* ty = static_cast<T*>(y);
   if (use_register_path(cols, max_register_cols)) {
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
       const unsigned int blocks = row_blocks(rows, kWarpsPerBlock / kRowWarps);
-      forward_register_kernel<T, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
-          tx, weight, bias, ty, mean, rstd, rows, cols, eps, rms);
+      forward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+          tx, tw, tb, ty, mean, rstd, rows, cols, eps, rms);
     });
   } else {
-    forward_loop_kernel<T><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        tx, weight, bias, ty, mean, rstd, rows, cols, eps, rms);
+    forward_loop_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+        tx, tw, tb, ty, mean, rstd, rows, cols, eps, rms);
   }
 }
 
-template <typename T>
-void launch_backward(const void* dy, const void* x, const float* weight, const float* mean,
+template <typename T, typename W>
+void launch_backward(const void* dy, const void* x, const void* weight, const float* mean,
                      const float* rstd, void* dx, float* dw_partial, float* db_partial,
-                     int64_t partial_rows, float* coeffs, int64_t rows, int cols, bool rms,
-                     int64_t max_register_cols, cudaStream_t stream) {
+                     int64_t partial_rows, void* dweight, void* dbias, float* coeffs,
+                     int64_t rows, int cols, bool rms, int64_t max_register_cols,
+                     cudaStream_t stream) {
   const T* tdy = static_cast<const T*>(dy);
   const T* tx = static_cast<const T*>(x);
+  const W* tw = static_cast<const W*>(weight);
   T* tdx = static_cast<T*>(dx);
   const unsigned int blocks = static_cast<unsigned int>(partial_rows);
   if (use_register_path(cols, max_register_cols)) {
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
-      backward_register_kernel<T, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
-          tdy, tx, weight, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms);
+      backward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+          tdy, tx, tw, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms);
     });
   } else {
-    row_coeffs_kernel<T><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        tdy, tx, weight, mean, rstd, coeffs, rows, cols, rms);
+    row_coeffs_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+        tdy, tx, tw, mean, rstd, coeffs, rows, cols, rms);
     // 64-bit: cols + kThreads - 1 would overflow int for cols near INT32_MAX.
     const unsigned int column_blocks =
         static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
     const dim3 grid(column_blocks, blocks);
-    backward_columns_kernel<T><<<grid, kThreads, 0, stream>>>(
-        tdy, tx, weight, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
+    backward_columns_kernel<T, W><<<grid, kThreads, 0, stream>>>(
+        tdy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
+  }
+  const unsigned int column_blocks =
+      static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
+  if (dweight != nullptr) {
+    column_sum_kernel<W><<<column_blocks, kThreads, 0, stream>>>(
+        dw_partial, static_cast<W*>(dweight), partial_rows, cols);
+  }
+  if (dbias != nullptr) {
+    column_sum_kernel<W><<<column_blocks, kThreads, 0, stream>>>(
+        db_partial, static_cast<W*>(dbias), partial_rows, cols);
   }
 }
 
+// Runs BODY with `param_t` bound to the parameters' C++ type: float, or x's type scalar_t.
+#define FUSEDOPS_LN_PARAM_DISPATCH(PARAM_DTYPE, DTYPE, ...)         \
+  do {                                                              \
+    if ((PARAM_DTYPE) == DType::kFloat32) {                         \
+      using param_t = float;                                        \
+      __VA_ARGS__;                                                  \
+    } else if ((PARAM_DTYPE) == (DTYPE)) {                          \
+      using param_t = scalar_t;                                     \
+      __VA_ARGS__;                                                  \
+    } else {                                                        \
+      return cudaErrorInvalidValue;                                 \
+    }                                                               \
+  } while (0)
+
 }  // namespace
 
-cudaError_t layer_norm_forward(const void* x, const float* weight, const float* bias, void* y,
-                               float* mean, float* rstd, int64_t rows, int64_t cols, float eps,
-                               bool rms, int64_t max_register_cols, DType dtype,
-                               cudaStream_t stream) {
+cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bias,
+                               DType param_dtype, void* y, float* mean, float* rstd,
+                               int64_t rows, int64_t cols, float eps, bool rms,
+                               int64_t max_register_cols, DType dtype, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (cols <= 0 || cols > INT32_MAX || rstd == nullptr || (!rms && mean == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const int n = static_cast<int>(cols);
-  FUSEDOPS_DISPATCH_FLOAT(dtype, launch_forward<scalar_t>(x, weight, bias, y, mean, rstd, rows,
-                                                          n, eps, rms, max_register_cols,
-                                                          stream));
+  FUSEDOPS_DISPATCH_FLOAT(dtype, FUSEDOPS_LN_PARAM_DISPATCH(param_dtype, dtype, {
+                            launch_forward<scalar_t, param_t>(x, weight, bias, y, mean, rstd,
+                                                              rows, n, eps, rms,
+                                                              max_register_cols, stream);
+                          }));
   return cudaGetLastError();
 }
 
-cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weight,
-                                const float* mean, const float* rstd, void* dx,
-                                float* dw_partial, float* db_partial, int64_t partial_rows,
-                                float* dweight, float* dbias, float* coeffs, int64_t rows,
-                                int64_t cols, bool rms, int64_t max_register_cols, DType dtype,
-                                cudaStream_t stream) {
+cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weight,
+                                DType param_dtype, const float* mean, const float* rstd,
+                                void* dx, float* dw_partial, float* db_partial,
+                                int64_t partial_rows, void* dweight, void* dbias, float* coeffs,
+                                int64_t rows, int64_t cols, bool rms, int64_t max_register_cols,
+                                DType dtype, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (cols <= 0 || cols > INT32_MAX || partial_rows < 1 || partial_rows > 65535 ||
       partial_rows > rows || rstd == nullptr || (!rms && mean == nullptr) ||
@@ -442,17 +473,12 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const float* weig
     return cudaErrorInvalidValue;
   }
   const int n = static_cast<int>(cols);
-  FUSEDOPS_DISPATCH_FLOAT(dtype, launch_backward<scalar_t>(dy, x, weight, mean, rstd, dx,
-                                                           dw_partial, db_partial, partial_rows,
-                                                           coeffs, rows, n, rms,
-                                                           max_register_cols, stream));
-  const unsigned int column_blocks = static_cast<unsigned int>((cols + kThreads - 1) / kThreads);
-  if (dweight != nullptr) {
-    column_sum_kernel<<<column_blocks, kThreads, 0, stream>>>(dw_partial, dweight, partial_rows, n);
-  }
-  if (dbias != nullptr) {
-    column_sum_kernel<<<column_blocks, kThreads, 0, stream>>>(db_partial, dbias, partial_rows, n);
-  }
+  FUSEDOPS_DISPATCH_FLOAT(dtype, FUSEDOPS_LN_PARAM_DISPATCH(param_dtype, dtype, {
+                            launch_backward<scalar_t, param_t>(
+                                dy, x, weight, mean, rstd, dx, dw_partial, db_partial,
+                                partial_rows, dweight, dbias, coeffs, rows, n, rms,
+                                max_register_cols, stream);
+                          }));
   return cudaGetLastError();
 }
 

@@ -1,8 +1,10 @@
-"""LayerNorm and RMSNorm on the CUDA extension: allocates outputs and workspaces, calls
-layer_norm.cu's launchers (same algorithm as the Triton kernels; see layer_norm.cu).
+"""LayerNorm and RMSNorm on the CUDA extension: one call per direction into bindings.cpp, which
+allocates the outputs and workspaces and calls layer_norm.cu's launchers (same algorithm as the
+Triton kernels; see layer_norm.cu).
 
-Parameters go to the kernels in fp32 (converted here when they are not); dweight/dbias come back
-in fp32 and are converted to the parameters' dtypes.
+The kernels read weight and bias in fp32 or in x's dtype (one dtype for both) and write
+dweight/dbias in that dtype; other parameter dtypes are converted to fp32 here, and their
+gradients back.
 """
 
 from __future__ import annotations
@@ -17,50 +19,29 @@ from fusedops.kernels.cuda.build import library
 MAX_REGISTER_N = 8192
 
 
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float().contiguous()
-
-
-def _partial_rows(x: torch.Tensor) -> int:
-    """Blocks of the backward = fp32 partial rows of the dweight/dbias reduction."""
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return max(1, min(x.shape[0], 2 * sms, 65535))
+def _kernel_params(x, weight, bias):
+    """weight and bias in a dtype the kernels read: as given when both are fp32 or x's dtype,
+    else both converted to fp32."""
+    dtypes = {p.dtype for p in (weight, bias) if p is not None}
+    if len(dtypes) == 1 and dtypes <= {torch.float32, x.dtype}:
+        return weight, bias
+    return tuple(None if p is None else p.float().contiguous() for p in (weight, bias))
 
 
 def _forward(x, weight, bias, eps: float, rms: bool):
-    M, _ = x.shape
-    y = _alloc.empty_like(x)
-    mean = _alloc.empty((0 if rms else M,), dtype=torch.float32, device=x.device)
-    rstd = _alloc.empty((M,), dtype=torch.float32, device=x.device)
-    library().layer_norm_forward(
-        x, _f32(weight), _f32(bias), y, None if rms else mean, rstd, eps, rms, MAX_REGISTER_N
+    weight, bias = _kernel_params(x, weight, bias)
+    return library().layer_norm_forward(
+        x, weight, bias, eps, rms, MAX_REGISTER_N, _alloc.poisoning()
     )
-    return y, mean, rstd
 
 
 def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
-    M, N = x.shape
-    dx = _alloc.empty_like(x)
-    has_weight, has_bias = weight is not None, bias is not None
-    if M == 0:
-        dweight = torch.zeros_like(weight) if has_weight else None
-        dbias = torch.zeros_like(bias) if has_bias else None
-        return dx, dweight, dbias
-    P = _partial_rows(x)
-    f32 = dict(dtype=torch.float32, device=x.device)
-    dw_partial = _alloc.empty((P, N), **f32) if has_weight else None
-    db_partial = _alloc.empty((P, N), **f32) if has_bias else None
-    dweight = _alloc.empty((N,), **f32) if has_weight else None
-    dbias = _alloc.empty((N,), **f32) if has_bias else None
-    coeffs = _alloc.empty((2, M), **f32)
-    library().layer_norm_backward(
-        dy, x, _f32(weight), None if rms else mean, rstd, dx,
-        dw_partial, db_partial, dweight, dbias, coeffs, rms, MAX_REGISTER_N,
-    )  # fmt: skip
-    if has_weight:
-        dweight = dweight.to(weight.dtype)
-    if has_bias:
-        dbias = dbias.to(bias.dtype)
+    kernel_weight, kernel_bias = _kernel_params(x, weight, bias)
+    dx, dweight, dbias = library().layer_norm_backward(
+        dy, x, kernel_weight, kernel_bias, mean, rstd, rms, MAX_REGISTER_N, _alloc.poisoning()
+    )
+    dweight = None if weight is None else dweight.to(weight.dtype)
+    dbias = None if bias is None else dbias.to(bias.dtype)
     return dx, dweight, dbias
 
 

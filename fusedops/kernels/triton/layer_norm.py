@@ -21,6 +21,8 @@ the partial rows in a fixed order. No atomics: the same bits on every run.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -332,8 +334,13 @@ def _register_tile(N: int, backward: bool = False) -> tuple[int, int, int]:
 def _max_programs(device: torch.device) -> int:
     """How many partial rows (programs) the dweight/dbias reduction uses at most."""
     if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+        return 4 * _multiprocessors(device.index)
     return INTERPRETER_PROGRAMS
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

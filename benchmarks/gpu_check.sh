@@ -4,11 +4,13 @@
 #
 #   bash benchmarks/gpu_check.sh [STAGE[:SECONDS] ...]
 #
-# Stages: env build info test demo bench-<op> (benchmarks/bench_<op>.py) tune-layer_norm
+# Stages: env build info test demo overhead bench-<op> (benchmarks/bench_<op>.py) tune-layer_norm
 # (default: env build info test bench-quick_gelu bench-adam). Each stage runs under a time
 # limit (SECONDS, default 300) so one slow stage cannot hide the results of the others. It uses
 # the machine's own python3 (torch, triton, jax preinstalled, no network) with this checkout
-# on PYTHONPATH; nothing is installed. WORKERS=N runs the tests on N pytest-xdist workers.
+# on PYTHONPATH; nothing is installed. WORKERS=N runs the tests on N pytest-xdist workers;
+# PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
+# overhead: host time per call of small ops (benchmarks/overhead.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"
@@ -27,9 +29,10 @@ stage() {
 torch.version.cuda, '| triton', triton.__version__, '| jax', jax.__version__, jax.devices())" ;;
     build) "$PY" -m fusedops build ;;
     info) "$PY" -m fusedops info ;;
-    test) "$PY" -m pytest -q -p no:cacheprovider -rfEs ${WORKERS:+-n $WORKERS} tests ;;
+    test) "$PY" -m pytest -q -p no:cacheprovider -rfEs ${WORKERS:+-n $WORKERS} ${PYTEST_ARGS:-tests} ;;
     demo) "$PY" -m fusedops demo ;;
-    bench-*) "$PY" "benchmarks/bench_${1#bench-}.py" ;;
+    bench-*) "$PY" "benchmarks/bench_${1#bench-}.py" ${BENCH_ARGS:-} ;;
+    overhead) "$PY" benchmarks/overhead.py ;;
     tune-*) "$PY" "benchmarks/tune_${1#tune-}.py" ;;
     *) echo "unknown stage $1" && return 2 ;;
     esac

@@ -101,6 +101,7 @@ def main() -> None:
         for dtype in DTYPES:
             for n in SIZES:
                 inputs, size = make_inputs(n, dtype)
+                measured = []
                 for name, fn in providers(op).items():
                     try:
                         times = time_directions(fn, inputs)
@@ -108,7 +109,7 @@ def main() -> None:
                         print(f"{op} {name} {dtype} N={n}: skipped ({type(exc).__name__}: {exc})")
                         continue
                     for direction, ms in times.items():
-                        rows.append(
+                        measured.append(
                             {
                                 "op": op,
                                 "provider": name,
@@ -119,10 +120,13 @@ def main() -> None:
                                 **timing_fields(ms, PASSES[direction] * size, copy_bw),
                             }
                         )
+                # written per size: a sweep cut off by a time limit keeps what it measured
+                if measured:
+                    append_rows(measured)
+                    print_rows(measured)
+                rows.extend(measured)
                 torch.cuda.empty_cache()
     print_rows(rows)
-    if rows:
-        print(f"appended to {append_rows(rows)}")
 
 
 if __name__ == "__main__":

@@ -373,6 +373,42 @@ def test_cuda_is_picked_automatically_on_gpu(op, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_cuda_eager_calls_use_the_cpp_autograd_op(monkeypatch, op, weight_dtype):
+    """On the CUDA backend an eager call is one extension op whose backward is C++; weights of
+    another dtype than fp32 or x's (fp16 with bf16 x) take the autograd.Function instead."""
+    from fusedops.ops import layer_norm as ops
+
+    python_calls = []
+    for function in (ops._LayerNormFunction, ops._RMSNormFunction):
+        monkeypatch.setattr(
+            function, "apply", lambda *a, f=function.apply: python_calls.append(1) or f(*a)
+        )
+    _case(op, (2, 3), (4, 96), torch.bfloat16, "both", "cuda", weight_dtype=weight_dtype)
+    assert bool(python_calls) == (weight_dtype == torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_op_without_autograd_state(op):
+    """Inference mode (no autograd key), no_grad, and only x requiring grad."""
+    x = random_tensor((5, 300), torch.float32, "cuda")
+    weight, bias = _params(op, (300,), torch.float32, "both")
+    expected = _call(op, x, (300,), weight, bias, "reference")
+    with torch.inference_mode():
+        assert_close(_call(op, x, (300,), weight, bias, "cuda"), expected)
+    with torch.no_grad():
+        assert_close(_call(op, _leaf(x), (300,), _leaf(weight), _leaf(bias), "cuda"), expected)
+    grad = random_tensor(x.shape, torch.float32, "cuda")
+    leaf = _leaf(x)  # the only input that requires grad
+    dx = torch.autograd.grad(_call(op, leaf, (300,), weight, bias, "cuda"), leaf, grad)[0]
+    expected_dx = _oracle(op, x, (300,), weight, bias, grad)[1]
+    dx_scale = _error_scales(op, x, (300,), weight, grad)[0]
+    assert_close(dx, expected_dx, scale=dx_scale, msg="dx")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("n", [8192, 8193, 65536])
 @pytest.mark.parametrize("op", OPS)

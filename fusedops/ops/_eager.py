@@ -8,6 +8,10 @@ fast host, more than a LayerNorm kernel on small rows takes on an H100; the auto
 costs a few microseconds. ``eager_fast_path`` says when the Function may be used: no
 compile/export tracing, no functorch transform, no dispatch or function mode, and plain
 tensors only. Both paths run the same code, so results are identical.
+
+LayerNorm/RMSNorm on the CUDA backend go one step further in eager mode: one call into the
+extension, whose op records a C++ autograd node (bindings.cpp, NormFunction), so neither
+direction runs Python per call beyond the argument checks.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Every backend exposes ``layer_norm_forward(x, weight, bias, eps) -> (y, mean, rs
 ``rms_norm_forward(x, weight, eps) -> (y, rstd)`` and
 ``rms_norm_backward(dy, x, weight, rstd) -> (dx, dweight)`` on contiguous 2-D x; gradients of
 absent parameters are None.
+
+Paths: under torch.compile/export (and modes, subclasses) the custom ops below; in plain eager
+mode the autograd.Functions below, or, when the CUDA backend is picked, the extension's op with
+its autograd in C++ (``kernels/cuda/layer_norm.norm_with_autograd``). All run the same kernels.
 """
 
 from __future__ import annotations
@@ -323,6 +327,26 @@ class _RMSNormFunction(torch.autograd.Function):
 # custom op.
 
 
+def _cuda_layer_norm():
+    from fusedops.kernels.cuda import layer_norm
+
+    return layer_norm
+
+
+def _on_cuda_extension(name, x, weight, bias, n, backend) -> bool:
+    """Whether an eager call takes the CUDA extension's op with its autograd in C++: the
+    dispatch rule picks cuda and the kernels read the parameters as they are. (Otherwise the
+    autograd.Function, whose backward is Python, runs whichever backend the rule picks.)"""
+    if x.device.type != "cuda" or n >= 2**31:
+        return False
+    if dispatch.select_name(name, x, backend=backend) != "cuda":
+        return False
+    if not _cuda_layer_norm().takes_params(x, weight, bias):
+        return False
+    dispatch.last_used[name] = "cuda"
+    return True
+
+
 def _row_length(x, normalized_shape, params: dict) -> int:
     """Check the inputs; return N, the number of elements of normalized_shape."""
     check_tensor(x, "x")
@@ -374,6 +398,8 @@ def layer_norm(
     """
     n = _row_length(x, normalized_shape, {"weight": weight, "bias": bias})
     if eager_fast_path(x, weight, bias):
+        if _on_cuda_extension("layer_norm", x, weight, bias, n, backend):
+            return _cuda_layer_norm().norm_with_autograd(x, weight, bias, n, float(eps), False)
         return _LayerNormFunction.apply(x, weight, bias, float(eps), backend, n)
     rows, (weight, bias) = _flatten(x, (weight, bias), n)
     y, _, _ = _layer_norm_op(rows, weight, bias, float(eps), backend)
@@ -398,6 +424,8 @@ def rms_norm(
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     if eager_fast_path(x, weight):
+        if _on_cuda_extension("rms_norm", x, weight, None, n, backend):
+            return _cuda_layer_norm().norm_with_autograd(x, weight, None, n, float(eps), True)
         return _RMSNormFunction.apply(x, weight, float(eps), backend, n)
     rows, (weight,) = _flatten(x, (weight,), n)
     y, _ = _rms_norm_op(rows, weight, float(eps), backend)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -200,6 +201,93 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   return {dx, dweight, dbias};
 }
 
+// LayerNorm / RMSNorm with its autograd in C++ (the eager path on CUDA): x in any shape whose
+// trailing dims hold n elements, weight/bias (absent, or n elements in fp32 or x's dtype). The
+// backward runs on the autograd engine's thread without Python: no GIL, no Python frames per
+// call. Returns y in x's shape.
+// x as contiguous rows of n elements.
+at::Tensor norm_rows(const at::Tensor& x, int64_t n) {
+  TORCH_CHECK(n > 0 && x.numel() % n == 0, "x has ", x.numel(), " elements, not rows of ", n);
+  return x.contiguous().view({-1, n});
+}
+
+// A parameter (or none) as n contiguous elements.
+std::optional<at::Tensor> norm_param(const std::optional<at::Tensor>& p, int64_t n) {
+  if (!p.has_value()) return std::nullopt;
+  TORCH_CHECK(p->numel() == n, "a parameter has ", p->numel(), " elements, expected ", n);
+  return p->contiguous().view({n});
+}
+
+class NormFunction : public torch::autograd::Function<NormFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, int64_t n, double eps,
+                            bool rms, int64_t max_register_cols, bool poison) {
+    const at::Tensor rows = norm_rows(x, n);
+    const std::optional<at::Tensor> w = norm_param(weight, n);
+    const std::optional<at::Tensor> b = norm_param(bias, n);
+    auto [y, mean, rstd] = layer_norm_forward(rows, w, b, eps, rms, max_register_cols, poison);
+    ctx->save_for_backward({rows, w.value_or(at::Tensor()), b.value_or(at::Tensor()), mean, rstd});
+    ctx->saved_data["rms"] = rms;
+    ctx->saved_data["max_register_cols"] = max_register_cols;
+    ctx->saved_data["poison"] = poison;
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["weight_sizes"] = weight.has_value() ? weight->sizes().vec() : std::vector<int64_t>{};
+    ctx->saved_data["bias_sizes"] = bias.has_value() ? bias->sizes().vec() : std::vector<int64_t>{};
+    return y.view(x.sizes());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& rows = saved[0];
+    const bool rms = ctx->saved_data["rms"].toBool();
+    const at::Tensor dy = grads[0].reshape(rows.sizes()).contiguous();
+    auto [dx, dweight, dbias] = layer_norm_backward(
+        dy, rows, defined_or_none(saved[1]), defined_or_none(saved[2]),
+        rms ? std::nullopt : defined_or_none(saved[3]), saved[4], rms,
+        ctx->saved_data["max_register_cols"].toInt(), ctx->saved_data["poison"].toBool());
+    const auto reshaped = [&](const at::Tensor& grad, const char* key) {
+      return grad.defined() ? grad.view(ctx->saved_data[key].toIntVector()) : at::Tensor();
+    };
+    return {dx.view(ctx->saved_data["x_sizes"].toIntVector()), reshaped(dweight, "weight_sizes"),
+            reshaped(dbias, "bias_sizes"), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  static std::optional<at::Tensor> defined_or_none(const at::Tensor& t) {
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  }
+};
+
+// The Autograd kernel of norm (records the graph when an input requires grad). GCC 13 reports
+// a false -Wstringop-overflow inside std::vector<bool>::reserve, inlined from torch's
+// Function::apply; silenced for this function only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
+at::Tensor norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& bias, int64_t n, double eps, bool rms,
+                         int64_t max_register_cols, bool poison) {
+  return NormFunction::apply(x, weight, bias, n, eps, rms, max_register_cols, poison);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// The CUDA kernel of norm: below autograd (inference mode, or called under no autograd key).
+at::Tensor norm_forward_only(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& bias, int64_t n, double eps,
+                             bool rms, int64_t max_register_cols, bool poison) {
+  auto [y, mean, rstd] = layer_norm_forward(norm_rows(x, n), norm_param(weight, n),
+                                            norm_param(bias, n), eps, rms, max_register_cols,
+                                            poison);
+  return y.view(x.sizes());
+}
+
 // Adam / AdamW: one group of tensors (one device, one param dtype); layout in launchers.h.
 const float* adam_scalar(const std::optional<at::Tensor>& t, const char* name,
                          const at::Tensor& like) {
@@ -304,6 +392,9 @@ TORCH_LIBRARY(fusedops_cuda, m) {
       "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor? mean, "
       "Tensor rstd, bool rms, int max_register_cols, bool poison) -> (Tensor, Tensor, Tensor)");
   m.def(
+      "norm(Tensor x, Tensor? weight, Tensor? bias, int n, float eps, bool rms, "
+      "int max_register_cols, bool poison) -> Tensor");
+  m.def(
       "adam_step(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] masters, "
       "Tensor(g!)[] steps, Tensor? lr_tensor, float lr, float beta1, float beta2, float eps, "
@@ -316,5 +407,8 @@ TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
   m.impl("quick_gelu_backward", &quick_gelu_backward);
   m.impl("layer_norm_forward", &layer_norm_forward);
   m.impl("layer_norm_backward", &layer_norm_backward);
+  m.impl("norm", &norm_forward_only);
   m.impl("adam_step", &adam_step);
 }
+
+TORCH_LIBRARY_IMPL(fusedops_cuda, Autograd, m) { m.impl("norm", &norm_autograd); }

@@ -19,13 +19,27 @@ from fusedops.kernels.cuda.build import library
 MAX_REGISTER_N = 8192
 
 
-def _kernel_params(x, weight, bias):
-    """weight and bias in a dtype the kernels read: as given when both are fp32 or x's dtype,
-    else both converted to fp32."""
+def takes_params(x, weight, bias) -> bool:
+    """Whether the kernels read weight and bias as they are: absent, or one dtype for both that
+    is fp32 or x's dtype."""
     dtypes = {p.dtype for p in (weight, bias) if p is not None}
-    if len(dtypes) == 1 and dtypes <= {torch.float32, x.dtype}:
+    return len(dtypes) <= 1 and dtypes <= {torch.float32, x.dtype}
+
+
+def _kernel_params(x, weight, bias):
+    """weight and bias in a dtype the kernels read: as given where possible, else both
+    converted to fp32."""
+    if takes_params(x, weight, bias):
         return weight, bias
     return tuple(None if p is None else p.float().contiguous() for p in (weight, bias))
+
+
+def norm_with_autograd(x, weight, bias, n: int, eps: float, rms: bool):
+    """LayerNorm (RMSNorm if rms; bias None) over the trailing dims of x holding n elements,
+    as one call into the extension whose autograd is in C++ (no Python in the backward): x any
+    shape (CUDA fp16/bf16/fp32), weight/bias n elements as ``takes_params`` allows. Returns y
+    in x's shape and dtype."""
+    return library().norm(x, weight, bias, n, eps, rms, MAX_REGISTER_N, _alloc.poisoning())
 
 
 def _forward(x, weight, bias, eps: float, rms: bool):

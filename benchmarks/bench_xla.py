@@ -90,9 +90,14 @@ def time_backend(backend: str, model: nn.Module, x: torch.Tensor, steps: int):
     return statistics.median(times), compile_s
 
 
-def run_worker(backend: str, case: str, steps: int) -> dict:
+def run_worker(backend: str, case: str, steps: int, wait_policy: str) -> dict:
     """Time one backend on one model in a fresh process (so that OpenMP / XLA thread pools of
-    different backends never run side by side); returns {"ms", "compile_s"}."""
+    different backends never run side by side), with OMP_WAIT_POLICY=wait_policy ("" leaves
+    OpenMP's default); returns {"ms", "compile_s"}."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if wait_policy:
+        env["OMP_WAIT_POLICY"] = wait_policy
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import torch; "
         "from benchmarks import bench_xla as b; torch.manual_seed(0); "
@@ -105,6 +110,7 @@ def run_worker(backend: str, case: str, steps: int) -> dict:
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -143,6 +149,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=21)
     parser.add_argument("--backends", default="eager,xla,inductor")
+    parser.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY of every backend's process ('' = OpenMP's default). PASSIVE: "
+        "torch's OpenMP threads sleep instead of spinning between ops, leaving the cores to "
+        "XLA's threads (on 2 cores the spinning costs partial_trace about 30%%)",
+    )
     args = parser.parse_args()
     backends = args.backends.split(",")
     lines: list[str] = []
@@ -156,7 +169,8 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     say(
         f"fusedops.xla CPU benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}  {device}  "
-        f"torch {torch.__version__}  load average at start {load:.2f}"
+        f"torch {torch.__version__}  load average at start {load:.2f}  "
+        f"OMP_WAIT_POLICY={args.omp_wait_policy or '(default)'} for every backend"
     )
     bridge = bridge_overhead_us()
     say("bridge crossing cost: " + ", ".join(f"{k}={v:.1f}" for k, v in bridge.items()))
@@ -169,7 +183,7 @@ def main() -> None:
         # each backend in its own process, twice, in mirrored order (load drifts hit all alike)
         runs: dict[str, list[dict]] = {b: [] for b in backends}
         for backend in backends + backends[::-1]:
-            runs[backend].append(run_worker(backend, case, args.steps))
+            runs[backend].append(run_worker(backend, case, args.steps, args.omp_wait_policy))
         eager_ms = statistics.median(r["ms"] for r in runs["eager"]) if "eager" in runs else None
         for backend in backends:
             ms = statistics.median(r["ms"] for r in runs[backend])
@@ -179,7 +193,7 @@ def main() -> None:
             spread = "/".join(f"{r['ms']:.1f}" for r in runs[backend])
             notes = (
                 f"fwd+bwd; median of {args.steps} steps per process, 2 processes ({spread} ms); "
-                f"time/eager={ratio}"
+                f"time/eager={ratio}; OMP_WAIT_POLICY={args.omp_wait_policy or 'default'}"
             )
             if backend == "xla":
                 notes += "; " + "; ".join(f"{k}={v:.1f}" for k, v in bridge.items())

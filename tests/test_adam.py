@@ -310,6 +310,69 @@ def test_state_replaced_between_steps_is_seen(backend):
             assert_close(p, q, msg=f"after {edit} (step {step})")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layout_change_between_steps_matches_torch(backend):
+    """A channels_last param (so channels_last moments) made contiguous between steps: the
+    step must not treat the old moments as flat arrays in the param's new layout."""
+    generator = torch.Generator().manual_seed(9)
+    start = torch.randn(2, 3, 4, 5, generator=generator).to(DEVICE)
+    ours = start.to(memory_format=torch.channels_last).requires_grad_()
+    theirs = ours.detach().clone(memory_format=torch.channels_last).requires_grad_()
+    opt = FusedAdam([ours], lr=0.01, backend=backend)
+    ref_opt = torch.optim.Adam([theirs], lr=0.01, foreach=False)
+    for step in range(4):
+        if step == 2:
+            ours.data = ours.data.contiguous()
+            theirs.data = theirs.data.contiguous()
+        grad = torch.randn(start.shape, generator=generator).to(DEVICE)
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        opt.step()
+        ref_opt.step()
+        assert_close(ours, theirs, msg=f"step {step}")
+
+
+def test_replaced_state_is_not_kept_alive():
+    """States dropped by state.clear() or load_state_dict are freed (the step's cache of
+    checked states holds only what the last step used)."""
+    import gc
+    import weakref
+
+    params = _model_params()
+    opt = FusedAdam(params, lr=0.01, backend="reference")
+    _train(opt, params, 2, seed=0)
+    saved = copy.deepcopy(opt.state_dict())
+    for drop in (lambda: opt.state.clear(), lambda: opt.load_state_dict(saved)):
+        old = weakref.ref(opt.state[params[0]]["exp_avg"])
+        drop()
+        _train(opt, params, 1, seed=1)
+        gc.collect()
+        assert old() is None
+
+
+@pytest.mark.skipif("triton" not in KERNEL_BACKENDS, reason="triton is not available here")
+def test_triton_step_checks_its_lists():
+    from fusedops.kernels.triton import adam as triton_adam
+
+    def lists():
+        p = torch.randn(4, 6, device=DEVICE)
+        step = torch.tensor(1.0, device=DEVICE)
+        return [[p], [torch.randn_like(p)], [torch.zeros_like(p)], [torch.zeros_like(p)], [],
+                [], [step]]  # fmt: skip
+
+    bad = lists()
+    bad[2] = [torch.zeros(6, 4, device=DEVICE).t()]  # transposed exp_avg
+    with pytest.raises(ValueError, match=r"exp_avgs\[0\] must have params\[0\]'s elements"):
+        triton_adam.step(*bad, **KERNEL_STEP_OPTIONS)
+    bad = lists()
+    bad[1] = [bad[1][0].double()]
+    with pytest.raises(TypeError, match=r"grads\[0\] is torch.float64"):
+        triton_adam.step(*bad, **KERNEL_STEP_OPTIONS)
+    bad = lists()
+    bad[3] = []
+    with pytest.raises(ValueError, match="exp_avg_sqs has 0 tensors"):
+        triton_adam.step(*bad, **KERNEL_STEP_OPTIONS)
+
+
 def test_master_weights_state_dict_keeps_fp32_state():
     params = _model_params(torch.bfloat16)
     opt = FusedAdamW(params, lr=0.01, master_weights=True)

@@ -372,6 +372,38 @@ def test_cuda_is_picked_automatically_on_gpu(op, dtype):
     assert fusedops.dispatch.last_used[op] == "cuda"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", OPS)
+def test_output_can_be_modified_in_place(op, backend):
+    """The output is not a view to autograd: in-place ops on it (relu_, dropout(inplace=True))
+    work and their gradients flow, as with torch's LayerNorm."""
+    x = random_tensor((2, 3, 40), torch.float32, DEVICE)
+    weight, bias = _params(op, (40,), torch.float32, "both")
+    grad = random_tensor(x.shape, torch.float32, DEVICE)
+    results = {}
+    for name in (backend, "reference"):
+        leaf = _leaf(x)
+        y = _call(op, leaf, (40,), weight, bias, name)
+        y.mul_(2.0).add_(1.0)
+        y.backward(grad)
+        results[name] = (y.detach(), leaf.grad)
+    for mine, theirs in zip(results[backend], results["reference"]):
+        assert_close(mine, theirs, scale=_error_scales(op, x, (40,), weight, grad)[0] * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", OPS)
+def test_double_backward_raises(op, backend):
+    """The backward is not differentiable: asking for its graph raises, never a silent zero."""
+    x = _leaf(random_tensor((3, 16), torch.float32, DEVICE))
+    weight, _ = _params(op, (16,), torch.float32, "weight")
+    loss = _call(op, x, (16,), weight, None, backend).square().sum()
+    # the CUDA op refuses create_graph itself; the Python Function when differentiated again
+    with pytest.raises(RuntimeError, match="differentiate twice|double backward"):
+        (dx,) = torch.autograd.grad(loss, x, create_graph=True)
+        dx.sum().backward()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32, torch.float16])

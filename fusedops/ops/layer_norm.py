@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
@@ -269,6 +270,13 @@ def _flatten(x, params, n):
     return rows, [None if p is None else p.reshape(n) for p in params]
 
 
+def _as_output(y, shape):
+    """y (rows) in x's shape as a tensor of its own: a view returned from a Function's forward
+    could not be modified in place later (e.g. ``relu_``); ``_unsafe_view`` shares the storage
+    without being a view to autograd."""
+    return torch.ops.aten._unsafe_view(y, shape)
+
+
 def _shapes(*tensors):
     return tuple(None if t is None else t.shape for t in tensors)
 
@@ -292,9 +300,10 @@ class _LayerNormFunction(torch.autograd.Function):
         ctx.save_for_backward(rows, w, b, mean, rstd)
         ctx.backend = dispatch.requested(backend)
         ctx.shapes = _shapes(x, weight, bias)
-        return y.view(x.shape)
+        return _as_output(y, x.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         rows, w, b, mean, rstd = ctx.saved_tensors
         grads = _layer_norm_backward_body(
@@ -313,9 +322,10 @@ class _RMSNormFunction(torch.autograd.Function):
         ctx.save_for_backward(rows, w, rstd)
         ctx.backend = dispatch.requested(backend)
         ctx.shapes = _shapes(x, weight)
-        return y.view(x.shape)
+        return _as_output(y, x.shape)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         rows, w, rstd = ctx.saved_tensors
         grads = _rms_norm_backward_body(dy.reshape(rows.shape), rows, w, rstd, ctx.backend)

@@ -19,6 +19,7 @@ increment on the device. DTensor params (FSDP2) are updated through their local 
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from itertools import chain
 from typing import Any
@@ -62,6 +63,16 @@ def _dense_like(t: torch.Tensor, param: torch.Tensor) -> bool:
     return True
 
 
+def _state_tensors(state: dict) -> tuple:
+    """The state's tensors the kernels read, in a fixed order (None where absent)."""
+    return tuple(state.get(key) for key in ("step", *_MOMENTS, _MASTER))
+
+
+def _state_options(param: torch.Tensor, group: dict) -> tuple:
+    """What a checked state depends on besides its tensors."""
+    return (group["amsgrad"], group["master_weights"], param.dtype, param.device, param.shape)
+
+
 class _FusedAdamMixin:
     """The step shared by FusedAdam and FusedAdamW (mixed in before the torch class)."""
 
@@ -76,16 +87,17 @@ class _FusedAdamMixin:
 
             dispatch.requested(backend)  # validates the name
         self.backend = backend
-        # id(param) -> (state, exp_avg, exp_avg_sq, (amsgrad, master_weights, dtype, device)) of
-        # params whose state _state_for has checked: their steps skip the checks (_ready_state).
+        # id(param) -> (state, its tensors, options) of the params whose state _state_for
+        # checked in the last step: their next step skips the checks (_ready_state).
         self._fusedops_ready: dict[int, tuple] = {}
+        self._fusedops_seen: dict[int, tuple] = {}
         for group in self.param_groups:
             group.setdefault("master_weights", master_weights)
         self.defaults["master_weights"] = master_weights
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self.__dict__.setdefault("_fusedops_ready", {})
+        self._fusedops_ready, self._fusedops_seen = {}, {}  # (load_state_dict lands here too)
         for group in self.param_groups:
             group.setdefault("master_weights", self.defaults.get("master_weights", False))
 
@@ -101,8 +113,11 @@ class _FusedAdamMixin:
                 loss = closure()
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
+        # this step's checked states; params not stepped drop out (no stale state kept alive)
+        self._fusedops_seen = {}
         for group in self.param_groups:
             self._step_group(group, grad_scale, found_inf)
+        self._fusedops_ready, self._fusedops_seen = self._fusedops_seen, {}
         return loss
 
     def _state_for(self, param: torch.Tensor, group: dict) -> dict:
@@ -134,20 +149,21 @@ class _FusedAdamMixin:
         return state
 
     def _ready_state(self, param: torch.Tensor, group: dict) -> dict | None:
-        """The state of a plain, contiguous, real param already checked by ``_state_for`` under
-        the group's current options (its moments are then dense like the param, in the right
-        dtype, and its step is on the param's device); None where the full path is needed."""
+        """The state of a plain, contiguous, real param that ``_state_for`` checked in the last
+        step under the group's current options, with the same state tensors (then contiguous,
+        in the right dtype, step on the param's device); None where the full path is needed.
+        A hit is carried into this step's cache."""
         state = self.state.get(param)
         known = self._fusedops_ready.get(id(param))
         if (
             state is None
             or known is None
             or known[0] is not state
-            or known[1] is not state.get("exp_avg")
-            or known[2] is not state.get("exp_avg_sq")
-            or known[3] != (group["amsgrad"], group["master_weights"], param.dtype, param.device)
+            or known[2] != _state_options(param, group)
+            or not all(map(operator.is_, known[1], _state_tensors(state)))
         ):
             return None
+        self._fusedops_seen[id(param)] = known
         return state
 
     def _step_group(self, group: dict, grad_scale, found_inf) -> None:
@@ -188,13 +204,14 @@ class _FusedAdamMixin:
             m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
             v_max = _local(state["max_exp_avg_sq"]) if amsgrad else None
             master = _local(state[_MASTER]) if _MASTER in state else None
+            tensors = _state_tensors(state)
             if (
                 type(param) in _PLAIN
                 and not torch.is_complex(p)
-                and all(t is None or _dense_like(t, p) for t in (m, v, v_max, master))
+                and all(t is None or t.is_contiguous() for t in tensors)
             ):
-                flags = (amsgrad, group["master_weights"], param.dtype, param.device)
-                self._fusedops_ready[id(param)] = (state, m, v, flags)
+                entry = (state, tensors, _state_options(param, group))
+                self._fusedops_seen[id(param)] = entry
             if torch.is_complex(p):  # as torch: the real and imaginary parts are independent
                 p, g, m, v = (torch.view_as_real(t) for t in (p, g, m, v))
                 v_max = torch.view_as_real(v_max) if v_max is not None else None

@@ -235,12 +235,21 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["weight_sizes"] = weight.has_value() ? weight->sizes().vec() : std::vector<int64_t>{};
     ctx->saved_data["bias_sizes"] = bias.has_value() ? bias->sizes().vec() : std::vector<int64_t>{};
-    return y.view(x.sizes());
+    // not a view to autograd: a view returned from here could not be modified in place later
+    return at::_unsafe_view(y, x.sizes());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    // The backward is not differentiable: refuse a graph of it (create_graph=True through an
+    // input that requires grad) rather than return gradients that silently act as constants.
+    const auto requires_grad = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
+    const bool graph_of_backward =
+        at::GradMode::is_enabled() &&
+        (requires_grad(grads[0]) || std::any_of(saved.begin(), saved.begin() + 3, requires_grad));
+    TORCH_CHECK(!graph_of_backward,
+                "fusedops layer_norm/rms_norm: double backward (create_graph=True) is not supported");
     const at::Tensor& rows = saved[0];
     const bool rms = ctx->saved_data["rms"].toBool();
     const at::Tensor dy = grads[0].reshape(rows.sizes()).contiguous();
@@ -285,7 +294,7 @@ at::Tensor norm_forward_only(const at::Tensor& x, const std::optional<at::Tensor
   auto [y, mean, rstd] = layer_norm_forward(norm_rows(x, n), norm_param(weight, n),
                                             norm_param(bias, n), eps, rms, max_register_cols,
                                             poison);
-  return y.view(x.sizes());
+  return at::_unsafe_view(y, x.sizes());
 }
 
 // Adam / AdamW: one group of tensors (one device, one param dtype); layout in launchers.h.

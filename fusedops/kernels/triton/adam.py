@@ -254,12 +254,53 @@ _cache: dict[tuple, list[tuple[torch.Tensor, int, int, bool]]] = {}
 _CACHE_ENTRIES = 64
 
 
-def _tables(lists, chunk, max_tensors, max_chunks):
+_LIST_NAMES = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "masters")
+
+
+def check_lists(lists: list[list[torch.Tensor]], amsgrad: bool) -> None:
+    """Raise ValueError/TypeError unless the lists fit the kernel (layout: fusedops.ops.adam):
+    params, grads, the moments (and max_exp_avg_sqs with amsgrad) given, as many tensors as
+    params, on the params' device, elementwise aligned with their param
+    (same number of elements, contiguous or laid out like it), grads in the param dtype, one
+    moment dtype (fp32 or the param dtype), fp32 masters and 1-element fp32 steps."""
+    params, steps = lists[0], lists[6]
+    device, dtype = params[0].device, params[0].dtype
+    moment_dtype = lists[2][0].dtype
+    if moment_dtype not in (torch.float32, dtype):
+        raise TypeError(f"exp_avgs have dtype {moment_dtype}; expected float32 or {dtype}")
+    dtypes = (dtype, dtype, moment_dtype, moment_dtype, moment_dtype, torch.float32)
+    for row, name in enumerate(_LIST_NAMES):
+        tensors = lists[row]
+        if not tensors and (row == 5 or (row == 4 and not amsgrad)):
+            continue  # optional: masters, and max_exp_avg_sqs without amsgrad
+        if len(tensors) != len(params):
+            raise ValueError(f"{name} has {len(tensors)} tensors, expected {len(params)}")
+        for i, (t, p) in enumerate(zip(tensors, params)):
+            if t.device != device or t.dtype != dtypes[row]:
+                raise TypeError(
+                    f"{name}[{i}] is {t.dtype} on {t.device}, expected {dtypes[row]} on {device}"
+                )
+            laid_out = (t.is_contiguous() and p.is_contiguous()) or (
+                t.shape == p.shape and t.stride() == p.stride()
+            )
+            if t.numel() != p.numel() or not laid_out:
+                raise ValueError(f"{name}[{i}] must have params[{i}]'s elements and layout")
+    if len(steps) != len(params) or any(
+        s.device != device or s.dtype != torch.float32 or s.numel() != 1 for s in steps
+    ):
+        raise ValueError(f"steps must be one 1-element float32 tensor per param on {device}")
+
+
+def _tables(lists, chunk, max_tensors, max_chunks, amsgrad):
+    """The launch tables for ``lists`` (cached by their addresses and sizes; the lists are
+    checked on a cache miss)."""
     addresses = tuple(tuple(map(torch.Tensor.data_ptr, tensors)) for tensors in lists)
-    key = (chunk, max_tensors, max_chunks, tuple(map(torch.Tensor.numel, lists[0])), addresses)
+    sizes = tuple(map(torch.Tensor.numel, lists[0]))
+    key = (chunk, max_tensors, max_chunks, amsgrad, sizes, addresses)
     with _cache_lock:
         tables = _cache.get(key)
-    if tables is None:
+    if tables is None:  # first call with these tensors: check them once
+        check_lists(lists, amsgrad)
         tables = build_tables(lists, chunk, max_tensors, max_chunks)
         with _cache_lock:
             if len(_cache) >= _CACHE_ENTRIES:
@@ -303,7 +344,8 @@ def step(
     block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
     lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps]
     dummy = steps[0]  # any tensor: stands for pointers a kernel variant never reads
-    for table, n_slots, n_chunks, aligned in _tables(lists, chunk, max_tensors, max_chunks):
+    tables = _tables(lists, chunk, max_tensors, max_chunks, amsgrad)
+    for table, n_slots, n_chunks, aligned in tables:
         _adam_kernel[(n_chunks,)](
             table,
             n_slots,

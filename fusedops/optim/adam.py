@@ -65,7 +65,8 @@ def _dense_like(t: torch.Tensor, param: torch.Tensor) -> bool:
 
 def _state_tensors(state: dict) -> tuple:
     """The state's tensors the kernels read, in a fixed order (None where absent)."""
-    return tuple(state.get(key) for key in ("step", *_MOMENTS, _MASTER))
+    get = state.get
+    return (get("step"), get("exp_avg"), get("exp_avg_sq"), get("max_exp_avg_sq"), get(_MASTER))
 
 
 def _state_options(param: torch.Tensor, group: dict) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +14,6 @@ from common import require_cuda
 
 
 def host_us(fn, calls: int = 300) -> float:
-    import time
-
     for _ in range(20):
         fn()
     torch.cuda.synchronize()

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: Tensor types that are not subclasses (the fast paths take these only).
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def eager_fast_path(*tensors: torch.Tensor | None) -> bool:
@@ -27,7 +28,7 @@ def eager_fast_path(*tensors: torch.Tensor | None) -> bool:
     if torch.compiler.is_compiling():
         return False
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and type(t) not in PLAIN_TENSOR_TYPES:
             return False
     return (
         _get_current_dispatch_mode() is None

@@ -337,24 +337,21 @@ class _RMSNormFunction(torch.autograd.Function):
 # custom op.
 
 
-def _cuda_layer_norm():
-    from fusedops.kernels.cuda import layer_norm
-
-    return layer_norm
-
-
-def _on_cuda_extension(name, x, weight, bias, n, backend) -> bool:
-    """Whether an eager call takes the CUDA extension's op with its autograd in C++: the
-    dispatch rule picks cuda and the kernels read the parameters as they are. (Otherwise the
-    autograd.Function, whose backward is Python, runs whichever backend the rule picks.)"""
+def _cuda_extension(name, x, weight, bias, n, backend):
+    """The CUDA launcher module when an eager call takes the extension's op with its autograd
+    in C++ (the dispatch rule picks cuda and the kernels read the parameters as they are), else
+    None: then the autograd.Function, whose backward is Python, runs whichever backend the rule
+    picks."""
     if x.device.type != "cuda" or n >= 2**31:
-        return False
+        return None
     if dispatch.select_name(name, x, backend=backend) != "cuda":
-        return False
-    if not _cuda_layer_norm().takes_params(x, weight, bias):
-        return False
+        return None
+    from fusedops.kernels.cuda import layer_norm as cuda
+
+    if not cuda.takes_params(x, weight, bias):
+        return None
     dispatch.last_used[name] = "cuda"
-    return True
+    return cuda
 
 
 def _row_length(x, normalized_shape, params: dict) -> int:
@@ -408,8 +405,9 @@ def layer_norm(
     """
     n = _row_length(x, normalized_shape, {"weight": weight, "bias": bias})
     if eager_fast_path(x, weight, bias):
-        if _on_cuda_extension("layer_norm", x, weight, bias, n, backend):
-            return _cuda_layer_norm().norm_with_autograd(x, weight, bias, n, float(eps), False)
+        cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)
+        if cuda is not None:
+            return cuda.norm_with_autograd(x, weight, bias, n, float(eps), False)
         return _LayerNormFunction.apply(x, weight, bias, float(eps), backend, n)
     rows, (weight, bias) = _flatten(x, (weight, bias), n)
     y, _, _ = _layer_norm_op(rows, weight, bias, float(eps), backend)
@@ -434,8 +432,9 @@ def rms_norm(
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     if eager_fast_path(x, weight):
-        if _on_cuda_extension("rms_norm", x, weight, None, n, backend):
-            return _cuda_layer_norm().norm_with_autograd(x, weight, None, n, float(eps), True)
+        cuda = _cuda_extension("rms_norm", x, weight, None, n, backend)
+        if cuda is not None:
+            return cuda.norm_with_autograd(x, weight, None, n, float(eps), True)
         return _RMSNormFunction.apply(x, weight, float(eps), backend, n)
     rows, (weight,) = _flatten(x, (weight,), n)
     y, _ = _rms_norm_op(rows, weight, float(eps), backend)

@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from fusedops.ops._eager import PLAIN_TENSOR_TYPES
 from fusedops.ops.adam import adam_step
 
 _MASTER = "master_param"
 _MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _unpatched(cls: type) -> type:
@@ -67,6 +67,14 @@ def _state_tensors(state: dict) -> tuple:
     """The state's tensors the kernels read, in a fixed order (None where absent)."""
     get = state.get
     return (get("step"), get("exp_avg"), get("exp_avg_sq"), get("max_exp_avg_sq"), get(_MASTER))
+
+
+def _append(lists: list[list[torch.Tensor]], tensors: tuple) -> None:
+    """Append one param's tensors (param, grad, m, v, v_max, master, step) to the group's
+    lists, skipping the absent ones."""
+    for values, t in zip(lists, tensors):
+        if t is not None:
+            values.append(t)
 
 
 def _state_options(param: torch.Tensor, group: dict) -> tuple:
@@ -149,11 +157,11 @@ class _FusedAdamMixin:
             state["step"] = step.to(device=device, dtype=torch.float32)
         return state
 
-    def _ready_state(self, param: torch.Tensor, group: dict) -> dict | None:
-        """The state of a plain, contiguous, real param that ``_state_for`` checked in the last
-        step under the group's current options, with the same state tensors (then contiguous,
-        in the right dtype, step on the param's device); None where the full path is needed.
-        A hit is carried into this step's cache."""
+    def _ready_state(self, param: torch.Tensor, group: dict) -> tuple | None:
+        """``_state_tensors`` of a plain, contiguous, real param whose state ``_state_for``
+        checked in the last step under the group's current options, if they are still the same
+        tensors (then contiguous, in the right dtype, step on the param's device); None where
+        the full path is needed. A hit is carried into this step's cache."""
         state = self.state.get(param)
         known = self._fusedops_ready.get(id(param))
         if (
@@ -165,7 +173,17 @@ class _FusedAdamMixin:
         ):
             return None
         self._fusedops_seen[id(param)] = known
-        return state
+        return known[1]
+
+    def _remember_checked(self, param: torch.Tensor, group: dict, state: dict) -> None:
+        """Let the next step take the fast path for this param (plain, real, contiguous state)."""
+        tensors = _state_tensors(state)
+        if (
+            type(param) in PLAIN_TENSOR_TYPES
+            and not torch.is_complex(param)
+            and all(t is None or t.is_contiguous() for t in tensors)
+        ):
+            self._fusedops_seen[id(param)] = (state, tensors, _state_options(param, group))
 
     def _step_group(self, group: dict, grad_scale, found_inf) -> None:
         groups: dict[tuple, list[list[torch.Tensor]]] = defaultdict(lambda: [[] for _ in range(7)])
@@ -177,42 +195,31 @@ class _FusedAdamMixin:
                 continue
             # Fast path (the usual step): plain contiguous tensors whose state is known good.
             if (
-                type(param) in _PLAIN
+                type(param) in PLAIN_TENSOR_TYPES
                 and type(grad) is torch.Tensor
                 and grad.dtype == param.dtype
                 and param.is_contiguous()
                 and grad.is_contiguous()
             ):
-                state = self._ready_state(param, group)
-                if state is not None:
-                    lists = groups[(param.device, param.dtype)]
-                    lists[0].append(param)
-                    lists[1].append(grad)
-                    lists[2].append(state["exp_avg"])
-                    lists[3].append(state["exp_avg_sq"])
-                    if amsgrad:
-                        lists[4].append(state["max_exp_avg_sq"])
-                    if _MASTER in state:
-                        lists[5].append(state[_MASTER])
-                    lists[6].append(state["step"])
+                ready = self._ready_state(param, group)
+                if ready is not None:
+                    step, m, v, v_max, master = ready
+                    v_max = v_max if amsgrad else None
+                    _append(
+                        groups[(param.device, param.dtype)],
+                        (param, grad, m, v, v_max, master, step),
+                    )
                     continue
             if grad.is_sparse:
                 raise RuntimeError(
                     "Adam does not support sparse gradients, please consider SparseAdam instead"
                 )
             state = self._state_for(param, group)
+            self._remember_checked(param, group, state)
             p, g = _local(param), _local(grad)
             m, v = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
             v_max = _local(state["max_exp_avg_sq"]) if amsgrad else None
             master = _local(state[_MASTER]) if _MASTER in state else None
-            tensors = _state_tensors(state)
-            if (
-                type(param) in _PLAIN
-                and not torch.is_complex(p)
-                and all(t is None or t.is_contiguous() for t in tensors)
-            ):
-                entry = (state, tensors, _state_options(param, group))
-                self._fusedops_seen[id(param)] = entry
             if torch.is_complex(p):  # as torch: the real and imaginary parts are independent
                 p, g, m, v = (torch.view_as_real(t) for t in (p, g, m, v))
                 v_max = torch.view_as_real(v_max) if v_max is not None else None
@@ -226,10 +233,7 @@ class _FusedAdamMixin:
                     if t is not None and not t.is_contiguous():
                         tensors[i] = t.contiguous()
                         copies.append((t, tensors[i]))
-            lists = groups[(p.device, p.dtype)]
-            for values, t in zip(lists, [*tensors, state["step"]]):
-                if t is not None:
-                    values.append(t)
+            _append(groups[(p.device, p.dtype)], (*tensors, state["step"]))
         beta1, beta2 = (float(b) for b in group["betas"])
         for (device, _), lists in groups.items():
             adam_step(

@@ -202,13 +202,18 @@ class _FusedAdamMixin:
                 and grad.is_contiguous()
             ):
                 ready = self._ready_state(param, group)
-                if ready is not None:
+                if ready is not None:  # appended inline: this runs per param every step
                     step, m, v, v_max, master = ready
-                    v_max = v_max if amsgrad else None
-                    _append(
-                        groups[(param.device, param.dtype)],
-                        (param, grad, m, v, v_max, master, step),
-                    )
+                    lists = groups[(param.device, param.dtype)]
+                    lists[0].append(param)
+                    lists[1].append(grad)
+                    lists[2].append(m)
+                    lists[3].append(v)
+                    if amsgrad:
+                        lists[4].append(v_max)
+                    if master is not None:
+                        lists[5].append(master)
+                    lists[6].append(step)
                     continue
             if grad.is_sparse:
                 raise RuntimeError(

@@ -12,6 +12,7 @@ from jax import lax
 
 from fusedops.xla.lower import (
     _HIGHEST,
+    jax_dtype,
     register,
 )
 
@@ -448,9 +449,17 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
 
 
 # -------------------------------------------------------------------------------------- attention
-def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+# Softmax statistics are fp32 (or wider) whatever q's dtype, as in torch's fused kernels; the
+# probabilities are cast back to v's dtype for the second product.
+def _attention_scores(q, k, attn_mask, is_causal, scale):
+    """Masked, scaled q @ k^T ([..., L, S], fp32 for 16-bit inputs) and the scale used; q is
+    scaled before the product (L x E multiplies instead of L x S)."""
     scale = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
-    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2), precision=_HIGHEST) * scale
+    wide = jnp.promote_types(q.dtype, jnp.float32)
+    scaled_q = q * jnp.asarray(scale, q.dtype)
+    scores = jnp.matmul(
+        scaled_q, jnp.swapaxes(k, -1, -2), precision=_HIGHEST, preferred_element_type=wide
+    )
     if is_causal:
         causal = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_))
         scores = jnp.where(causal, scores, -jnp.inf)
@@ -458,16 +467,86 @@ def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
         if attn_mask.dtype == jnp.bool_:
             scores = jnp.where(attn_mask, scores, -jnp.inf)
         else:
-            scores = scores + attn_mask
-    lse = jax.scipy.special.logsumexp(scores, axis=-1)
-    probs = jnp.exp(scores - lse[..., None])
-    return jnp.matmul(probs, v, precision=_HIGHEST), lse
+            scores = scores + attn_mask.astype(wide)
+    return scores, scale
+
+
+def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+    """Softmax attention: (out [..., L, Ev] in q's dtype, logsumexp [..., L] in fp32 or
+    wider)."""
+    scores, _ = _attention_scores(q, k, attn_mask, is_causal, scale)
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    if attn_mask is not None:  # only a mask can hide every key of a row
+        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
+    exps = jnp.exp(scores - row_max)
+    sums = jnp.sum(exps, axis=-1, keepdims=True)
+    probs = (exps / sums).astype(v.dtype)
+    out = jnp.matmul(probs, v, precision=_HIGHEST).astype(q.dtype)
+    return out, (row_max + jnp.log(sums))[..., 0]
+
+
+def _attention_backward(grad, q, k, v, out, lse, attn_mask=None, is_causal=False, scale=None):
+    """Gradients ``(dq, dk, dv, dscores)`` of ``_attention`` from its saved out and logsumexp:
+    the probabilities are recomputed from lse (no second softmax) and the softmax backward uses
+    rowsum(grad * out), as flash attention does. ``dscores`` (fp32) is the gradient of the
+    masked scores, i.e. of an additive mask."""
+    scores, scale = _attention_scores(q, k, attn_mask, is_causal, scale)
+    wide = scores.dtype
+    probs = jnp.exp(scores - lse[..., None].astype(wide))
+    dv = jnp.matmul(jnp.swapaxes(probs.astype(v.dtype), -1, -2), grad, precision=_HIGHEST)
+    dprobs = jnp.matmul(
+        grad, jnp.swapaxes(v, -1, -2), precision=_HIGHEST, preferred_element_type=wide
+    )
+    rowdot = jnp.sum(grad.astype(wide) * out.astype(wide), axis=-1, keepdims=True)
+    dscores = probs * (dprobs - rowdot)
+    dscaled = (dscores * jnp.asarray(scale, wide)).astype(q.dtype)
+    dq = jnp.matmul(dscaled, k, precision=_HIGHEST)
+    dk = jnp.matmul(jnp.swapaxes(dscaled, -1, -2), q, precision=_HIGHEST)
+    return dq, dk, dv.astype(v.dtype), dscores
+
+
+def _no_dropout(dropout_p, op: str):
+    if dropout_p:
+        raise NotImplementedError(f"{op} with dropout has no exact XLA lowering")
+
+
+def _with_bookkeeping(computed, meta):
+    """``computed`` followed by what a fused attention op also returns for its own backward
+    (rng state, sequence offsets, debug mask): zeros of the FakeTensor's shape and dtype, the
+    integers and Nones as they are; no lowering reads them."""
+    extra = []
+    for m in meta[len(computed) :]:
+        if isinstance(m, torch.Tensor):
+            extra.append(jnp.zeros(tuple(m.shape), jax_dtype(m.dtype)))
+        else:
+            extra.append(m)
+    return (*computed, *extra)
+
+
+def _lse_as(lse, meta):
+    """Our logsumexp ``[..., L]`` in the layout of the op's (FakeTensor ``meta``): as is,
+    ``[..., L, 1]`` (cuDNN), or padded to a multiple of 32 / empty (memory-efficient)."""
+    shape = tuple(meta.shape)
+    if shape == lse.shape:
+        return lse
+    if shape == (*lse.shape, 1):
+        return lse[..., None]
+    extra = shape[-1] - lse.shape[-1]
+    if extra < 0:
+        return lse[..., : shape[-1]]
+    return jnp.pad(lse, [(0, 0)] * (lse.ndim - 1) + [(0, extra)])
+
+
+def _lse_from(lse, q):
+    """The ``[..., L]`` logsumexp back from any of ``_lse_as``'s layouts (q: the queries)."""
+    if lse.ndim == q.ndim:  # cuDNN's [..., L, 1]
+        lse = lse[..., 0]
+    return lse[..., : q.shape[-2]]
 
 
 @register(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def _sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    if dropout_p:
-        raise NotImplementedError("flash attention with dropout has no exact XLA lowering")
+    _no_dropout(dropout_p, "flash attention")
     return _attention(q, k, v, attn_mask, is_causal, scale)
 
 
@@ -475,7 +554,68 @@ def _sdpa_flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, 
 def _sdpa_flash_cpu_backward(
     grad, q, k, v, out, lse, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None
 ):
-    def forward(qq, kk, vv):
-        return _attention(qq, kk, vv, attn_mask, is_causal, scale)[0]
+    _no_dropout(dropout_p, "flash attention")
+    return _attention_backward(grad, q, k, v, out, lse, attn_mask, is_causal, scale)[:3]
 
-    return jax.vjp(forward, q, k, v)[1](grad)
+
+# CUDA's fused attention ops (what scaled_dot_product_attention picks on a GPU): the same math,
+# with each op's own outputs around it
+@register(aten._scaled_dot_product_flash_attention.default, meta=True)
+def _sdpa_flash(
+    q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None, meta
+):
+    _no_dropout(dropout_p, "flash attention")
+    return _with_bookkeeping(_attention(q, k, v, None, is_causal, scale), meta)
+
+
+@register(aten._scaled_dot_product_flash_attention_backward.default)
+def _sdpa_flash_backward(
+    grad, q, k, v, out, lse, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+    philox_seed, philox_offset, *, scale=None,
+):  # fmt: skip
+    _no_dropout(dropout_p, "flash attention")
+    lse = _lse_from(lse, q)
+    return _attention_backward(grad, q, k, v, out, lse, None, is_causal, scale)[:3]
+
+
+@register(
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    meta=True,
+)
+def _sdpa_efficient_or_cudnn(
+    q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+    return_debug_mask=False, *, scale=None, meta,
+):  # fmt: skip
+    _no_dropout(dropout_p, "memory-efficient / cuDNN attention")
+    out, lse = _attention(q, k, v, attn_bias, is_causal, scale)
+    lse = None if meta[1] is None else _lse_as(lse, meta[1])
+    return _with_bookkeeping((out, lse), meta)
+
+
+@register(aten._scaled_dot_product_efficient_attention_backward.default, meta=True)
+def _sdpa_efficient_backward(
+    grad, q, k, v, attn_bias, out, lse, philox_seed, philox_offset, dropout_p,
+    grad_input_mask, is_causal=False, *, scale=None, meta,
+):  # fmt: skip
+    _no_dropout(dropout_p, "memory-efficient attention")
+    lse = _lse_from(lse, q)
+    dq, dk, dv, dscores = _attention_backward(grad, q, k, v, out, lse, attn_bias, is_causal, scale)
+    dbias = None
+    if len(meta) > 3 and isinstance(meta[3], torch.Tensor):
+        shape = tuple(meta[3].shape)
+        lead = dscores.ndim - len(shape)
+        dbias = dscores.sum(axis=tuple(range(lead))) if lead else dscores
+        keep = tuple(i for i, n in enumerate(shape) if n == 1 and dbias.shape[i] != 1)
+        dbias = dbias.sum(axis=keep, keepdims=True) if keep else dbias
+    return dq, dk, dv, dbias
+
+
+@register(aten._scaled_dot_product_cudnn_attention_backward.default)
+def _sdpa_cudnn_backward(
+    grad, q, k, v, out, lse, philox_seed, philox_offset, attn_bias, cum_seq_q, cum_seq_k,
+    max_q, max_k, dropout_p, is_causal, *, scale=None,
+):  # fmt: skip
+    _no_dropout(dropout_p, "cuDNN attention")
+    lse = _lse_from(lse, q)
+    return _attention_backward(grad, q, k, v, out, lse, attn_bias, is_causal, scale)[:3]

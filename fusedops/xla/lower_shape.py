@@ -90,7 +90,9 @@ def _slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 
 @register(aten.select.int)
 def _select(x, dim, index):
-    return jnp.take(x, index, axis=dim)
+    # a static slice (not jnp.take's gather), which XLA fuses into its consumers
+    dim = dim % x.ndim
+    return lax.index_in_dim(x, index % x.shape[dim], axis=dim, keepdims=False)
 
 
 @register(aten.select_scatter.default)

@@ -701,13 +701,42 @@ sample(
 )
 
 
-def _sdpa_backward_args():
+sample(
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    lambda: ((R(2, 3, 5, 4), R(2, 3, 6, 4), R(2, 3, 6, 4)), {"attn_mask": _additive_mask(5, 6)}),
+    ident="sdpa-float-mask",
+)
+
+
+def _additive_mask(rows: int, cols: int) -> torch.Tensor:
+    """A random additive attention mask, -inf on about half the keys (at least one key per
+    query row kept)."""
+    keep = torch.rand(rows, cols) > 0.5
+    keep[torch.arange(rows), torch.randint(cols, (rows,))] = True
+    return torch.where(keep, R(rows, cols), float("-inf"))
+
+
+def _sdpa_backward_args(causal=False, scale=None, mask=None):
     q, k, v = R(2, 3, 5, 4), R(2, 3, 6, 4), R(2, 3, 6, 4)
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
-    return (R(2, 3, 5, 4), q, k, v, out, lse, 0.0, False), {}
+    if causal:
+        k, v = k[:, :, :5], v[:, :, :5]
+    options = {"scale": scale, "attn_mask": mask}
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(
+        q, k, v, 0.0, causal, **options
+    )
+    return (R(*out.shape), q, k, v, out, lse, 0.0, causal), options
 
 
 sample(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, _sdpa_backward_args)
+for _ident, _options in {
+    "causal-scale": {"causal": True, "scale": 0.3},
+    "float-mask": {"mask": _additive_mask(5, 6)},
+}.items():
+    sample(
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        lambda o=_options: _sdpa_backward_args(**o),
+        ident=f"sdpa_backward-{_ident}",
+    )
 for _op in (aten.view_copy.default, aten.permute_copy.default):
     sample(_op, lambda op=_op: ((R(3, 4), [4, 3] if op is aten.view_copy.default else [1, 0]), {}))
 

@@ -41,7 +41,9 @@ def partial_trace(
 
     On CPU, start Python with ``OMP_WAIT_POLICY=PASSIVE``: by default torch's OpenMP threads
     spin after each torch op and take the cores XLA's own threads need (on a 2-core machine an
-    MLP step went from 52 to 40 ms with it, eager from 37 to 39 ms).
+    MLP step went from 52 to 40 ms with it, eager from 37 to 39 ms). On CPU each program's
+    first call also picks its dot library (``fusedops.xla.tune``; ``FUSEDOPS_XLA_CPU_TUNE=0``
+    turns that off).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
     """
     if backend not in BACKENDS:

@@ -7,7 +7,8 @@ type promotion holds. Calls run with 64-bit types enabled, so int64/float64 stay
 
 Each call runs on the JAX device of its torch tensors (``bridge.call_device``: the CPU for CPU
 tensors whatever JAX's default backend is, the matching GPU for ``cuda:i``), with its seed and
-baked-in constants there too; the jitted function compiles once per device. Results are ready
+baked-in constants there too; the program compiles once per device. On the CPU its first call
+compiles it once per dot library and keeps the fastest (``tune``). Results are ready
 (``block_until_ready``) and on the inputs' device when they return to torch.
 """
 
@@ -23,7 +24,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fusedops.xla import bridge, cache, lower, rng
+from fusedops.xla import bridge, cache, lower, rng, tune
 from fusedops.xla.errors import XLATraceError
 
 
@@ -85,8 +86,10 @@ class JaxProgram:
                     with unset_fake_temporarily():
                         value = bridge.to_numpy(value)
                 self._constants[n.target] = value
-        with jax.enable_x64(True):
-            self._jitted = jax.jit(self._run)
+        self._functions: dict = {}  # JAX device -> the jitted function its calls use
+        #: str(JAX device) -> {"library": dot library chosen (``tune``), "seconds": candidates'
+        #: best times}; the default library and no times where nothing was chosen
+        self.tuning: dict[str, dict] = {}
         self.compile_s: float | None = None
 
     def _run(self, seed, *args):
@@ -121,7 +124,12 @@ class JaxProgram:
         # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
         # whole program on ``device``, not on JAX's default backend; jit caches per device
         with jax.enable_x64(True), jax.default_device(device):
-            results = self._jitted(seed, *[bridge.to_jax(a, device) for a in args])
+            jax_args = (seed, *[bridge.to_jax(a, device) for a in args])
+            function = self._functions.get(device)
+            if function is None:
+                function, results = self._choose(device, on_cpu, jax_args)
+            else:
+                results = function(*jax_args)
             jax.block_until_ready(results)
         converted = {
             node: (None if r is None else self._to_torch(r, node, on_cpu))
@@ -137,6 +145,23 @@ class JaxProgram:
         if start is not None:
             self.compile_s = time.perf_counter() - start
         return outs
+
+    def _choose(self, device, on_cpu: bool, jax_args) -> tuple:
+        """The jitted function for ``device`` (on the CPU the fastest ``tune`` candidate) and
+        the results of running it on ``jax_args``."""
+        with jax.enable_x64(True):
+            if on_cpu and tune.enabled():
+                candidates = {
+                    name: jax.jit(self._run, compiler_options=options or None)
+                    for name, options in tune.CANDIDATES.items()
+                }
+                name, function, results, seconds = tune.fastest(candidates, jax_args)
+            else:
+                name, function, seconds = tune.DEFAULT, jax.jit(self._run), {}
+                results = function(*jax_args)
+        self._functions[device] = function
+        self.tuning[str(device)] = {"library": name, "seconds": seconds}
+        return function, results
 
     @staticmethod
     def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""Which XLA:CPU library runs a program's dot products, chosen per program on its first call.
+
+XLA:CPU hands dots to YNNPACK by default. Measured on the 2-core x86 CPU of our CI (jax 0.10.2,
+``benchmarks/bench_xla.py`` shapes), neither library wins everywhere:
+
+- a batched dot (attention's ``[32,196,64] x [32,64,196]``) runs on one thread in YNNPACK (2.0 ms
+  on one core or two) and on both in oneDNN (1.1-1.3 ms);
+- a plain ``[256,1024] x [1024,1024]`` product (an MLP layer) is twice as slow in oneDNN: the MLP
+  forward program took 28 ms with oneDNN dots against 14 ms with YNNPACK's.
+
+So on the CPU each program is compiled with each candidate (``CANDIDATES``), every candidate runs
+on the call's own inputs (first run compiles, then ``ROUNDS`` timed runs, interleaved), and the
+fastest is kept for the program's later calls. Programs are pure functions of their inputs (the
+random seed is an input too), so the extra runs change nothing but time. A candidate this
+jaxlib does not know (compile option refused) is skipped.
+
+``FUSEDOPS_XLA_CPU_TUNE=0`` turns the choice off: one compile with XLA's defaults (and whatever
+``XLA_FLAGS`` says).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+
+import jax
+
+DEFAULT = "ynnpack"
+
+#: name -> XLA compile options (``jax.jit(compiler_options=...)``); the first is XLA's default
+CANDIDATES: dict[str, dict[str, str]] = {
+    DEFAULT: {},
+    "onednn": {
+        "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT",
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE",
+    },
+}
+
+#: timed runs per candidate (after the compiling run); one only when a run takes longer than
+#: ``LONG_RUN_S``, so that a large program's first call stays within a few runs
+ROUNDS = 2
+LONG_RUN_S = 0.5
+
+_REFUSED = (getattr(jax.errors, "JaxRuntimeError", RuntimeError),)
+
+
+def enabled() -> bool:
+    """Whether CPU programs choose their dot library (env ``FUSEDOPS_XLA_CPU_TUNE``, on)."""
+    return os.environ.get("FUSEDOPS_XLA_CPU_TUNE", "1").strip().lower() not in ("0", "false", "off")
+
+
+def _timed(function: Callable, args) -> tuple[float, object]:
+    start = time.perf_counter()
+    results = jax.block_until_ready(function(*args))
+    return time.perf_counter() - start, results
+
+
+def fastest(functions: dict[str, Callable], args) -> tuple[str, Callable, object, dict]:
+    """Run each of ``functions`` (name -> jitted function, ``DEFAULT`` first) on ``args`` and
+    return ``(name, function, results, seconds)`` of the fastest: its name, the function, the
+    results of one of its runs, and every usable candidate's best time in seconds.
+
+    A candidate other than ``DEFAULT`` whose compile fails with a JAX runtime error (an option
+    this jaxlib lacks) is left out; ``DEFAULT``'s errors propagate."""
+    usable: dict[str, Callable] = {}
+    results: dict[str, object] = {}
+    for name, function in functions.items():
+        try:
+            results[name] = jax.block_until_ready(function(*args))  # compiles
+        except _REFUSED:
+            if name == DEFAULT:
+                raise
+            continue
+        usable[name] = function
+    best = dict.fromkeys(usable, math.inf)
+    if len(usable) > 1:
+        for round_index in range(ROUNDS):
+            for name, function in usable.items():
+                seconds, results[name] = _timed(function, args)
+                best[name] = min(best[name], seconds)
+            if round_index == 0 and min(best.values()) > LONG_RUN_S:
+                break
+    name = min(best, key=best.get)
+    return name, usable[name], results[name], best

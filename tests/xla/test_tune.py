@@ -1,0 +1,90 @@
+"""fusedops.xla.tune: each CPU program keeps the fastest dot library, and every library gives
+eager's numbers."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fusedops.testing import assert_close, random_tensor
+from fusedops.xla import partial_trace, tune
+from tests.xla import models
+
+jax = pytest.importorskip("jax")
+
+
+def _sleeper(seconds: float, value: float):
+    def run(x):
+        time.sleep(seconds)
+        return np.full(2, value) + x
+
+    return run
+
+
+def test_fastest_keeps_the_quickest_candidate_and_its_results():
+    functions = {tune.DEFAULT: _sleeper(0.03, 1.0), "other": _sleeper(0.001, 2.0)}
+    name, function, results, seconds = tune.fastest(functions, (np.zeros(2),))
+    assert name == "other" and function is functions["other"]
+    np.testing.assert_array_equal(results, [2.0, 2.0])
+    assert seconds[tune.DEFAULT] >= 0.03 > seconds["other"]
+
+
+def test_fastest_skips_a_candidate_the_compiler_refuses_but_not_the_default():
+    good = jax.jit(lambda x: x + 1)
+    refused = jax.jit(lambda x: x + 1, compiler_options={"xla_fusedops_no_such_option": "1"})
+    x = np.zeros(3, np.float32)
+    name, _, results, seconds = tune.fastest({tune.DEFAULT: good, "refused": refused}, (x,))
+    assert name == tune.DEFAULT and set(seconds) == {tune.DEFAULT}
+    np.testing.assert_array_equal(results, np.ones(3, np.float32))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="xla_fusedops_no_such_option"):
+        tune.fastest({tune.DEFAULT: refused}, (x,))
+
+
+def _attention_block():
+    torch.manual_seed(0)
+    return nn.Sequential(models.Block(dim=16, heads=2, p=0.0), nn.LayerNorm(16))
+
+
+def _trace_and_check(model):
+    """One forward+backward of ``model`` under partial_trace against eager; the programs."""
+    ref = copy.deepcopy(model)
+    traced = partial_trace(model)
+    x = random_tensor((3, 7, 16))
+    traced(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    assert_close(traced(x), ref(x), dtype=torch.float32, scale=2.0, msg="output")
+    got, want = models.grads(model), models.grads(ref)
+    for name in want:
+        assert_close(got[name], want[name], dtype=torch.float32, scale=4.0, msg=name)
+    return traced.stats.compiled
+
+
+def test_programs_on_cpu_time_every_candidate_and_keep_one(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_XLA_CPU_TUNE", "1")
+    programs = _trace_and_check(_attention_block())
+    assert [p.name for p in programs] == ["forward", "backward"]
+    for program in programs:
+        (choice,) = program.tuning.values()
+        assert choice["library"] in tune.CANDIDATES
+        assert set(choice["seconds"]) == set(tune.CANDIDATES)  # this jaxlib knows both
+        assert choice["seconds"][choice["library"]] == min(choice["seconds"].values())
+
+
+@pytest.mark.parametrize("library", sorted(tune.CANDIDATES))
+def test_each_dot_library_matches_eager(monkeypatch, library):
+    # the candidate alone (as the only one, so it is surely the one that runs)
+    monkeypatch.setattr(tune, "CANDIDATES", {tune.DEFAULT: tune.CANDIDATES[library]})
+    for program in _trace_and_check(_attention_block()):
+        assert program.tuning["cpu:0"]["library"] == tune.DEFAULT
+
+
+def test_tuning_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_XLA_CPU_TUNE", "0")
+    assert not tune.enabled()
+    for program in _trace_and_check(_attention_block()):
+        assert program.tuning == {"cpu:0": {"library": tune.DEFAULT, "seconds": {}}}

@@ -1,14 +1,20 @@
-"""fusedops.xla on CPU: eager vs partial_trace(xla) vs torch.compile (inductor).
+"""fusedops.xla: eager vs partial_trace(xla) vs torch.compile (inductor), forward+backward steps.
 
-Models: (a) MLP, 4 Linear layers of width 1024, batch 256; (b) ViT-style stack, dim 256, 4 heads,
-sequence 196, batch 8, 4 blocks. For each backend: median forward+backward step time, first-call
-(compile) time. Each backend runs in its own process (twice, mirrored order), so thread pools of
-different runtimes (OpenMP for eager/inductor, Eigen for XLA) never compete. Also the bridge's
-cost per tensor crossing (cached parameter torch->JAX, activation torch->JAX, JAX->torch).
-Prints a table, appends rows to ``benchmarks/results/cpu-xla.csv`` and the printed output to
-``benchmarks/results/cpu-xla.log``.
+CPU models (the default without a GPU): (a) MLP, 4 Linear layers of width 1024, batch 256; (b)
+ViT-style stack, dim 256, 4 heads, sequence 196, batch 8, 4 blocks. GPU (``--device cuda``, the
+default where CUDA is present): a ViT-B/16 (224x224 images, 12 blocks of width 768, batch 64).
+For each backend: median and 20th percentile of the forward+backward step times pooled over all
+its processes, first-call (compile) time. Each backend runs in its own process (2 x --rounds
+times, mirrored order), so thread pools of different runtimes (OpenMP for eager/inductor, XLA's
+own) never compete, and load drifts of a shared machine hit every backend alike; the 20th
+percentile shows speed with bursts of load (which the 2-core CPU machine has, up to 1.7x a step)
+left out. Also the bridge's cost per tensor crossing (cached parameter torch->JAX, activation
+torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
+``benchmarks/results/cpu-xla.csv`` (GPU: ``<gpu>_xla.csv``) and the printed output to the
+``.log`` beside it.
 
-Run: ``.venv/bin/python benchmarks/bench_xla.py [--steps N] [--backends eager,xla,inductor]``
+Run: ``.venv/bin/python benchmarks/bench_xla.py [--steps N] [--rounds R] [--device cpu|cuda]
+[--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16] [--backends eager,xla,inductor]``
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.common import gpu_name  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 FIELDS = ["date", "device", "model", "backend", "step_ms_median", "compile_s", "notes"]
 
@@ -47,16 +55,50 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def mlp_case():
+class ViTB16(nn.Module):
+    """ViT-B/16 backbone and classifier: 16x16 patches of a 224x224 image, 12 blocks of width
+    768 with 12 heads, mean pooling, 1000 classes (86M parameters)."""
+
+    def __init__(self, dim: int = 768, depth: int = 12, heads: int = 12):
+        super().__init__()
+        self.patches = nn.Conv2d(3, dim, 16, stride=16)
+        self.position = nn.Parameter(torch.randn(1, 196, dim) * 0.02)
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 1000)
+
+    def forward(self, images):
+        x = self.patches(images).flatten(2).transpose(1, 2) + self.position
+        return self.head(self.norm(self.blocks(x)).mean(1))
+
+
+def mlp_case(batch: int = 256):
     layers = []
     for _ in range(4):
         layers += [nn.Linear(1024, 1024), nn.ReLU()]
-    return "mlp-4x1024-b256", nn.Sequential(*layers[:-1]), torch.randn(256, 1024)
+    return f"mlp-4x1024-b{batch}", nn.Sequential(*layers[:-1]), torch.randn(batch, 1024)
 
 
-def vit_case():
+def vit_case(batch: int = 8):
     model = nn.Sequential(*[Block(256, 4) for _ in range(4)])
-    return "vit-d256-h4-s196-b8-4blk", model, torch.randn(8, 196, 256)
+    return f"vit-d256-h4-s196-b{batch}-4blk", model, torch.randn(batch, 196, 256)
+
+
+def vit_b16_case(batch: int = 64):
+    return f"vit-b16-224-b{batch}", ViTB16(), torch.randn(batch, 3, 224, 224)
+
+
+#: --models names -> (case, default batch)
+CASES = {"mlp": (mlp_case, 256), "vit": (vit_case, 8), "vit_b16": (vit_b16_case, 64)}
+
+
+def build_case(model: str, batch: int | None, device: str, dtype: str):
+    """(name, model, input) of ``CASES[model]`` on ``device`` in ``dtype`` (a torch.dtype
+    name)."""
+    case, default_batch = CASES[model]
+    name, module, x = case(batch or default_batch)
+    kind = getattr(torch, dtype)
+    suffix = "" if kind == torch.float32 else f"-{dtype}"
+    return f"{name}{suffix}", module.to(device, kind), x.to(device, kind)
 
 
 def make_forward(backend: str, model: nn.Module):
@@ -70,12 +112,16 @@ def make_forward(backend: str, model: nn.Module):
 
 
 def time_backend(backend: str, model: nn.Module, x: torch.Tensor, steps: int):
-    """Median forward+backward ms and first-call seconds of one backend."""
+    """Forward+backward ms of each of ``steps`` steps (after 2 warm-up steps) and the first
+    call's seconds, for one backend."""
     forward = make_forward(backend, model)
+    cuda = x.device.type == "cuda"
 
     def step():
         model.zero_grad(set_to_none=True)
-        forward(x).square().mean().backward()
+        forward(x).float().square().mean().backward()
+        if cuda:  # eager and inductor queue their work; XLA's results are already ready
+            torch.cuda.synchronize()
 
     start = time.perf_counter()
     step()
@@ -87,13 +133,14 @@ def time_backend(backend: str, model: nn.Module, x: torch.Tensor, steps: int):
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times), compile_s
+    return times, compile_s
 
 
-def run_worker(backend: str, case: str, steps: int, wait_policy: str) -> dict:
-    """Time one backend on one model in a fresh process (so that OpenMP / XLA thread pools of
-    different backends never run side by side), with OMP_WAIT_POLICY=wait_policy ("" leaves
-    OpenMP's default); returns {"ms", "compile_s"}."""
+def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> dict:
+    """Time one backend on one model (``case``: model, batch, device, dtype as strings) in a
+    fresh process (so that OpenMP / XLA thread pools of different backends never run side by
+    side), with OMP_WAIT_POLICY=wait_policy ("" leaves OpenMP's default); returns
+    {"ms": [per-step ms], "compile_s"}."""
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)
     if wait_policy:
@@ -101,12 +148,13 @@ def run_worker(backend: str, case: str, steps: int, wait_policy: str) -> dict:
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import torch; "
         "from benchmarks import bench_xla as b; torch.manual_seed(0); "
-        "name, model, x = getattr(b, sys.argv[3])(); "
-        "ms, c = b.time_backend(sys.argv[2], model, x, int(sys.argv[4])); "
+        "m, batch, device, dtype = sys.argv[4:8]; "
+        "name, model, x = b.build_case(m, int(batch), device, dtype); "
+        "ms, c = b.time_backend(sys.argv[2], model, x, int(sys.argv[3])); "
         "print('RESULT', json.dumps({'ms': ms, 'compile_s': c}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT), backend, case, str(steps)],
+        [sys.executable, "-c", code, str(ROOT), backend, str(steps), *case],
         capture_output=True,
         text=True,
         check=False,
@@ -116,6 +164,10 @@ def run_worker(backend: str, case: str, steps: int, wait_policy: str) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"{backend} on {case} failed:\n{done.stderr[-2000:]}")
+
+
+def _percentile20(sorted_ms: list[float]) -> float:
+    return sorted_ms[len(sorted_ms) // 5]
 
 
 def bridge_overhead_us(n: int = 2000) -> dict[str, float]:
@@ -150,6 +202,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=21)
     parser.add_argument("--backends", default="eager,xla,inductor")
     parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        choices=["cpu", "cuda"],
+        help="default: cuda where there is one",
+    )
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated, of {sorted(CASES)} (default: mlp,vit on cpu, vit_b16 on cuda)",
+    )
+    parser.add_argument("--batch", type=int, default=None, help="batch size (default: per model)")
+    parser.add_argument("--dtype", default="float32", help="parameters' and input's dtype")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="each round runs every backend twice (mirrored order), each in a new process",
+    )
+    parser.add_argument(
         "--omp-wait-policy",
         default="PASSIVE",
         help="OMP_WAIT_POLICY of every backend's process ('' = OpenMP's default). PASSIVE: "
@@ -158,55 +229,75 @@ def main() -> None:
     )
     args = parser.parse_args()
     backends = args.backends.split(",")
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("bench_xla --device cuda: no CUDA device here (skipped)")
+        return
+    models = (args.models or ("vit_b16" if cuda else "mlp,vit")).split(",")
     lines: list[str] = []
 
     def say(text: str = "") -> None:
         print(text, flush=True)
         lines.append(text)
 
-    device = f"cpu-{os.cpu_count()}core-{platform.machine()}"
+    device = gpu_name() if cuda else f"cpu-{os.cpu_count()}core-{platform.machine()}"
     today = datetime.date.today().isoformat()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     say(
-        f"fusedops.xla CPU benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}  {device}  "
-        f"torch {torch.__version__}  load average at start {load:.2f}  "
+        f"fusedops.xla {args.device.upper()} benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}"
+        f"  {device}  torch {torch.__version__}  load average at start {load:.2f}  "
         f"OMP_WAIT_POLICY={args.omp_wait_policy or '(default)'} for every backend"
     )
     bridge = bridge_overhead_us()
     say("bridge crossing cost: " + ", ".join(f"{k}={v:.1f}" for k, v in bridge.items()))
     rows = []
-    header = f"{'model':28} {'backend':10} {'step_ms':>9} {'compile_s':>9} {'vs eager':>9}"
+    header = (
+        f"{'model':28} {'backend':10} {'step_ms':>9} {'compile_s':>9} {'vs eager':>9} "
+        f"{'p20_ms':>9} {'vs eager':>9}"
+    )
     say(header)
     say("-" * len(header))
-    for case in ("mlp_case", "vit_case"):
-        name = getattr(sys.modules[__name__], case)()[0]
-        # each backend in its own process, twice, in mirrored order (load drifts hit all alike)
+    for model in models:
+        case = [model, str(args.batch or CASES[model][1]), args.device, args.dtype]
+        with torch.device("meta"):  # the name only
+            name = build_case(model, args.batch, "meta", args.dtype)[0]
+        # each backend in its own process, 2 x rounds times, in mirrored order, so that load
+        # drifts of this shared machine hit every backend alike
         runs: dict[str, list[dict]] = {b: [] for b in backends}
-        for backend in backends + backends[::-1]:
+        for backend in (backends + backends[::-1]) * args.rounds:
             runs[backend].append(run_worker(backend, case, args.steps, args.omp_wait_policy))
-        eager_ms = statistics.median(r["ms"] for r in runs["eager"]) if "eager" in runs else None
+        pooled = {b: sorted(t for r in runs[b] for t in r["ms"]) for b in backends}
+        median = {b: statistics.median(pooled[b]) for b in backends}
+        eager_ms = median.get("eager")
         for backend in backends:
-            ms = statistics.median(r["ms"] for r in runs[backend])
+            ms, steps = median[backend], pooled[backend]
+            p20 = _percentile20(steps)
             compile_s = runs[backend][0]["compile_s"]
             ratio = f"{ms / eager_ms:.2f}x" if eager_ms else "-"
-            say(f"{name:28} {backend:10} {ms:9.2f} {compile_s:9.2f} {ratio:>9}")
-            spread = "/".join(f"{r['ms']:.1f}" for r in runs[backend])
+            p20_ratio = f"{p20 / _percentile20(pooled['eager']):.2f}x" if eager_ms else "-"
+            say(
+                f"{name:28} {backend:10} {ms:9.2f} {compile_s:9.2f} {ratio:>9} {p20:9.2f} "
+                f"{p20_ratio:>9}"
+            )
+            spread = "/".join(f"{statistics.median(r['ms']):.1f}" for r in runs[backend])
             notes = (
-                f"fwd+bwd; median of {args.steps} steps per process, 2 processes ({spread} ms); "
-                f"time/eager={ratio}; OMP_WAIT_POLICY={args.omp_wait_policy or 'default'}"
+                f"fwd+bwd; median of {len(steps)} steps pooled from {len(runs[backend])} "
+                f"processes of {args.steps} (per-process medians {spread} ms); "
+                f"time/eager={ratio}; 20th percentile {p20:.1f} ms ({p20_ratio} eager's); "
+                f"OMP_WAIT_POLICY={args.omp_wait_policy or 'default'}"
             )
             if backend == "xla":
                 notes += "; " + "; ".join(f"{k}={v:.1f}" for k, v in bridge.items())
             rows.append([today, device, name, backend, f"{ms:.3f}", f"{compile_s:.2f}", notes])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "cpu-xla.csv"
+    path = RESULTS / (f"{device}_xla.csv" if cuda else "cpu-xla.csv")
     new = not path.exists()
     with path.open("a", newline="") as f:
         writer = csv.writer(f)
         if new:
             writer.writerow(FIELDS)
         writer.writerows(rows)
-    with (RESULTS / "cpu-xla.log").open("a") as log:  # every run kept, like the CSV
+    with path.with_suffix(".log").open("a") as log:  # every run kept, like the CSV
         log.write("\n".join(lines) + "\n\n")
     say(f"appended {len(rows)} rows to {path.relative_to(ROOT)}")
 

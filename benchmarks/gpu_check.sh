@@ -10,7 +10,9 @@
 # the machine's own python3 (torch, triton, jax preinstalled, no network) with this checkout
 # on PYTHONPATH; nothing is installed. WORKERS=N runs the tests on N pytest-xdist workers;
 # PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
-# overhead: host time per call of small ops (benchmarks/overhead.py).
+# overhead: host time per call of small ops (benchmarks/overhead.py). bench-xla: ViT-B/16
+# training step, eager vs partial_trace(xla) vs inductor (e.g. bench-xla:500 with
+# BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"

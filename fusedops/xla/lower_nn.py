@@ -450,16 +450,37 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
 
 # -------------------------------------------------------------------------------------- attention
 # Softmax statistics are fp32 (or wider) whatever q's dtype, as in torch's fused kernels; the
-# probabilities are cast back to v's dtype for the second product.
+# probabilities are cast back to v's dtype for the second product. k and v may have fewer heads
+# than q (grouped-query attention): each of their heads serves q.shape[-3] // k.shape[-3] heads.
+def _group(q, kv):
+    """``kv`` with its heads repeated to q's head count (unchanged when they already match)."""
+    if kv.ndim < 3 or kv.shape[-3] == q.shape[-3]:
+        return kv
+    return jnp.repeat(kv, q.shape[-3] // kv.shape[-3], axis=-3)
+
+
+def _ungroup(grad, kv):
+    """The gradient of ``_group(q, kv)`` (``grad``) summed back to ``kv``'s heads."""
+    if grad.shape == kv.shape:
+        return grad
+    heads = kv.shape[-3]
+    grouped = grad.reshape(*grad.shape[:-3], heads, grad.shape[-3] // heads, *grad.shape[-2:])
+    return grouped.sum(axis=-3).astype(grad.dtype)
+
+
 def _attention_scores(q, k, attn_mask, is_causal, scale):
-    """Masked, scaled q @ k^T ([..., L, S], fp32 for 16-bit inputs) and the scale used; q is
-    scaled before the product (L x E multiplies instead of L x S)."""
+    """Masked, scaled q @ k^T ([..., L, S], fp32 for 16-bit inputs) and the scale used. A
+    32/64-bit q is scaled before the product (L x E multiplies instead of L x S); a 16-bit one
+    is not, so the scale is applied to the fp32 scores as torch's kernels do."""
     scale = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
     wide = jnp.promote_types(q.dtype, jnp.float32)
-    scaled_q = q * jnp.asarray(scale, q.dtype)
+    early = wide == q.dtype
+    left = q * jnp.asarray(scale, q.dtype) if early else q
     scores = jnp.matmul(
-        scaled_q, jnp.swapaxes(k, -1, -2), precision=_HIGHEST, preferred_element_type=wide
+        left, jnp.swapaxes(_group(q, k), -1, -2), precision=_HIGHEST, preferred_element_type=wide
     )
+    if not early:
+        scores = scores * jnp.asarray(scale, wide)
     if is_causal:
         causal = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_))
         scores = jnp.where(causal, scores, -jnp.inf)
@@ -473,15 +494,17 @@ def _attention_scores(q, k, attn_mask, is_causal, scale):
 
 def _attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
     """Softmax attention: (out [..., L, Ev] in q's dtype, logsumexp [..., L] in fp32 or
-    wider)."""
+    wider). A row whose keys are all masked gives out 0 and logsumexp 0, as in torch."""
     scores, _ = _attention_scores(q, k, attn_mask, is_causal, scale)
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     if attn_mask is not None:  # only a mask can hide every key of a row
         row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
     exps = jnp.exp(scores - row_max)
     sums = jnp.sum(exps, axis=-1, keepdims=True)
+    if attn_mask is not None:
+        sums = jnp.where(sums == 0, 1, sums)
     probs = (exps / sums).astype(v.dtype)
-    out = jnp.matmul(probs, v, precision=_HIGHEST).astype(q.dtype)
+    out = jnp.matmul(probs, _group(q, v), precision=_HIGHEST).astype(q.dtype)
     return out, (row_max + jnp.log(sums))[..., 0]
 
 
@@ -495,14 +518,14 @@ def _attention_backward(grad, q, k, v, out, lse, attn_mask=None, is_causal=False
     probs = jnp.exp(scores - lse[..., None].astype(wide))
     dv = jnp.matmul(jnp.swapaxes(probs.astype(v.dtype), -1, -2), grad, precision=_HIGHEST)
     dprobs = jnp.matmul(
-        grad, jnp.swapaxes(v, -1, -2), precision=_HIGHEST, preferred_element_type=wide
+        grad, jnp.swapaxes(_group(q, v), -1, -2), precision=_HIGHEST, preferred_element_type=wide
     )
     rowdot = jnp.sum(grad.astype(wide) * out.astype(wide), axis=-1, keepdims=True)
     dscores = probs * (dprobs - rowdot)
     dscaled = (dscores * jnp.asarray(scale, wide)).astype(q.dtype)
-    dq = jnp.matmul(dscaled, k, precision=_HIGHEST)
+    dq = jnp.matmul(dscaled, _group(q, k), precision=_HIGHEST)
     dk = jnp.matmul(jnp.swapaxes(dscaled, -1, -2), q, precision=_HIGHEST)
-    return dq, dk, dv.astype(v.dtype), dscores
+    return dq, _ungroup(dk, k), _ungroup(dv.astype(v.dtype), v), dscores
 
 
 def _no_dropout(dropout_p, op: str):
@@ -537,10 +560,13 @@ def _lse_as(lse, meta):
     return jnp.pad(lse, [(0, 0)] * (lse.ndim - 1) + [(0, extra)])
 
 
-def _lse_from(lse, q):
-    """The ``[..., L]`` logsumexp back from any of ``_lse_as``'s layouts (q: the queries)."""
+def _lse_from(lse, q, k, v, attn_mask, is_causal, scale):
+    """The ``[..., L]`` logsumexp back from any of ``_lse_as``'s layouts, recomputed when the
+    forward kept none (memory-efficient attention with ``compute_log_sumexp=False``)."""
     if lse.ndim == q.ndim:  # cuDNN's [..., L, 1]
         lse = lse[..., 0]
+    if lse.shape[-1] < q.shape[-2]:
+        return _attention(q, k, v, attn_mask, is_causal, scale)[1]
     return lse[..., : q.shape[-2]]
 
 
@@ -574,7 +600,7 @@ def _sdpa_flash_backward(
     philox_seed, philox_offset, *, scale=None,
 ):  # fmt: skip
     _no_dropout(dropout_p, "flash attention")
-    lse = _lse_from(lse, q)
+    lse = _lse_from(lse, q, k, v, None, is_causal, scale)
     return _attention_backward(grad, q, k, v, out, lse, None, is_causal, scale)[:3]
 
 
@@ -599,7 +625,7 @@ def _sdpa_efficient_backward(
     grad_input_mask, is_causal=False, *, scale=None, meta,
 ):  # fmt: skip
     _no_dropout(dropout_p, "memory-efficient attention")
-    lse = _lse_from(lse, q)
+    lse = _lse_from(lse, q, k, v, attn_bias, is_causal, scale)
     dq, dk, dv, dscores = _attention_backward(grad, q, k, v, out, lse, attn_bias, is_causal, scale)
     dbias = None
     if len(meta) > 3 and isinstance(meta[3], torch.Tensor):
@@ -617,5 +643,5 @@ def _sdpa_cudnn_backward(
     max_q, max_k, dropout_p, is_causal, *, scale=None,
 ):  # fmt: skip
     _no_dropout(dropout_p, "cuDNN attention")
-    lse = _lse_from(lse, q)
+    lse = _lse_from(lse, q, k, v, attn_bias, is_causal, scale)
     return _attention_backward(grad, q, k, v, out, lse, attn_bias, is_causal, scale)[:3]

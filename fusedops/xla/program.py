@@ -87,8 +87,8 @@ class JaxProgram:
                         value = bridge.to_numpy(value)
                 self._constants[n.target] = value
         self._functions: dict = {}  # JAX device -> the jitted function its calls use
-        #: str(JAX device) -> {"library": dot library chosen (``tune``), "seconds": candidates'
-        #: best times}; the default library and no times where nothing was chosen
+        #: str(JAX device) -> {"library": the CPU dot library chosen (``tune``; None off the
+        #: CPU), "seconds": each timed candidate's best time (empty when none was timed)}
         self.tuning: dict[str, dict] = {}
         self.compile_s: float | None = None
 
@@ -156,8 +156,9 @@ class JaxProgram:
                     for name, options in tune.CANDIDATES.items()
                 }
                 name, function, results, seconds = tune.fastest(candidates, jax_args)
-            else:
-                name, function, seconds = tune.DEFAULT, jax.jit(self._run), {}
+            else:  # XLA's defaults (no dot library to choose off the CPU)
+                name = tune.DEFAULT if on_cpu else None
+                function, seconds = jax.jit(self._run), {}
                 results = function(*jax_args)
         self._functions[device] = function
         self.tuning[str(device)] = {"library": name, "seconds": seconds}

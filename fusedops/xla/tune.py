@@ -60,27 +60,44 @@ def _timed(function: Callable, args) -> tuple[float, object]:
 def fastest(functions: dict[str, Callable], args) -> tuple[str, Callable, object, dict]:
     """Run each of ``functions`` (name -> jitted function, ``DEFAULT`` first) on ``args`` and
     return ``(name, function, results, seconds)`` of the fastest: its name, the function, the
-    results of one of its runs, and every usable candidate's best time in seconds.
+    results of one of its runs, and each timed candidate's best time in seconds (empty when
+    only one candidate could run, so nothing was timed).
 
-    A candidate other than ``DEFAULT`` whose compile fails with a JAX runtime error (an option
-    this jaxlib lacks) is left out; ``DEFAULT``'s errors propagate."""
+    A candidate other than ``DEFAULT`` that fails with a JAX runtime error (a compile option
+    this jaxlib lacks, memory) is left out; ``DEFAULT``'s errors propagate. Only the results of
+    the fastest run so far are kept alive."""
     usable: dict[str, Callable] = {}
-    results: dict[str, object] = {}
+    first = None  # the first usable candidate's results, returned when it is the only one
     for name, function in functions.items():
         try:
-            results[name] = jax.block_until_ready(function(*args))  # compiles
+            results = jax.block_until_ready(function(*args))  # compiles
         except _REFUSED:
             if name == DEFAULT:
                 raise
             continue
         usable[name] = function
+        first = results if first is None else first
+        del results
+    if len(usable) == 1:
+        ((name, function),) = usable.items()
+        return name, function, first, {}
+    del first
     best = dict.fromkeys(usable, math.inf)
-    if len(usable) > 1:
-        for round_index in range(ROUNDS):
-            for name, function in usable.items():
-                seconds, results[name] = _timed(function, args)
-                best[name] = min(best[name], seconds)
-            if round_index == 0 and min(best.values()) > LONG_RUN_S:
-                break
-    name = min(best, key=best.get)
-    return name, usable[name], results[name], best
+    fastest_run, kept = math.inf, None  # the fastest run so far and its results
+    for round_index in range(ROUNDS):
+        for name, function in list(usable.items()):
+            try:
+                seconds, results = _timed(function, args)
+            except _REFUSED:
+                if name == DEFAULT:
+                    raise
+                del usable[name], best[name]
+                continue
+            best[name] = min(best[name], seconds)
+            if seconds < fastest_run:
+                fastest_run, kept = seconds, results
+            del results
+        if round_index == 0 and min(best.values()) > LONG_RUN_S:
+            break
+    name = min(best, key=best.get)  # the candidate of the fastest run, whose results are kept
+    return name, usable[name], kept, best

@@ -142,3 +142,43 @@ def test_dropout_in_fused_attention_is_refused():
     op = lower.LOWERINGS[aten._scaled_dot_product_flash_attention.default]
     with pytest.raises(NotImplementedError, match="dropout"):
         op(q, q, q, 0.1, meta=meta)
+
+
+def test_flash_lowering_with_fewer_key_value_heads_matches_float64():
+    """Grouped-query attention: 4 query heads share 2 key/value heads."""
+    q = random_tensor((2, 4, L, E))
+    k, v = random_tensor((2, 2, S, E)), random_tensor((2, 2, S, E))
+    grad = random_tensor((2, 4, L, E))
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    want = F.scaled_dot_product_attention(q64, k64, v64, enable_gqa=True)
+    want.backward(grad.double())
+    forward = aten._scaled_dot_product_flash_attention.default
+    meta = _meta(forward, q, k, v)
+    jq, jk, jv, jgrad = map(_jax, (q, k, v, grad))
+    results = lower.LOWERINGS[forward](jq, jk, jv, meta=meta)
+    _check_layout(results, meta)
+    assert_close(_torch(results[0]), want.detach().float(), dtype=torch.float32, scale=2.0)
+    backward = lower.LOWERINGS[aten._scaled_dot_product_flash_attention_backward.default]
+    rest = results[2:]
+    grads = backward(jgrad, jq, jk, jv, *results[:2], *rest[:4], 0.0, False, *rest[4:6])
+    for name, got, t in zip(("dq", "dk", "dv"), grads, (q64, k64, v64)):
+        assert tuple(got.shape) == tuple(t.shape)
+        assert_close(_torch(got), t.grad.float(), dtype=torch.float32, scale=4.0, msg=name)
+
+
+def test_efficient_backward_without_saved_logsumexp_recomputes_it():
+    q, k, v, mask = _inputs(torch.float32, bias=True)
+    grad = random_tensor((2, 3, L, E))
+    _, want_grads = _reference(q, k, v, mask, False, None, grad)
+    forward = aten._scaled_dot_product_efficient_attention.default
+    meta = _meta(forward, q, k, v, mask, False)
+    jq, jk, jv, jgrad, jmask = map(_jax, (q, k, v, grad, mask))
+    out, lse, seed, offset = lower.LOWERINGS[forward](jq, jk, jv, jmask, False, meta=meta)
+    assert lse.shape == (2, 3, 0)
+    backward = aten._scaled_dot_product_efficient_attention_backward.default
+    grads = lower.LOWERINGS[backward](
+        jgrad, jq, jk, jv, jmask, out, lse, seed, offset, 0.0, [True, True, True, False],
+        meta=(None, None, None, None),
+    )  # fmt: skip
+    for name, got, want in zip(("dq", "dk", "dv"), grads[:3], want_grads):
+        assert_close(_torch(got), want.float(), dtype=torch.float32, scale=4.0, msg=name)

@@ -716,6 +716,23 @@ def _additive_mask(rows: int, cols: int) -> torch.Tensor:
     return torch.where(keep, R(rows, cols), float("-inf"))
 
 
+def _mask_with_a_hidden_row(rows: int, cols: int) -> torch.Tensor:
+    """``_additive_mask`` whose second query row sees no key at all (torch: output 0 there)."""
+    mask = _additive_mask(rows, cols)
+    mask[1] = float("-inf")
+    return mask
+
+
+sample(
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    lambda: (
+        (R(2, 3, 5, 4), R(2, 3, 6, 4), R(2, 3, 6, 4)),
+        {"attn_mask": _mask_with_a_hidden_row(5, 6)},
+    ),
+    ident="sdpa-hidden-row",
+)
+
+
 def _sdpa_backward_args(causal=False, scale=None, mask=None):
     q, k, v = R(2, 3, 5, 4), R(2, 3, 6, 4), R(2, 3, 6, 4)
     if causal:
@@ -731,6 +748,7 @@ sample(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, _sdpa_
 for _ident, _options in {
     "causal-scale": {"causal": True, "scale": 0.3},
     "float-mask": {"mask": _additive_mask(5, 6)},
+    "hidden-row": {"mask": _mask_with_a_hidden_row(5, 6)},
 }.items():
     sample(
         aten._scaled_dot_product_flash_attention_for_cpu_backward.default,

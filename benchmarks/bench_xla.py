@@ -7,7 +7,7 @@ For each backend: median and 20th percentile of the forward+backward step times 
 its processes, first-call (compile) time. Each backend runs in its own process (2 x --rounds
 times, mirrored order), so thread pools of different runtimes (OpenMP for eager/inductor, XLA's
 own) never compete, and load drifts of a shared machine hit every backend alike; the 20th
-percentile shows speed with bursts of load (which the 2-core CPU machine has, up to 1.7x a step)
+percentile shows speed with bursts of load (the 2-core CPU machine has steps 1.9x the fastest)
 left out. Also the bridge's cost per tensor crossing (cached parameter torch->JAX, activation
 torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
 ``benchmarks/results/cpu-xla.csv`` (GPU: ``<gpu>_xla.csv``) and the printed output to the
@@ -142,6 +142,7 @@ def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> d
     side), with OMP_WAIT_POLICY=wait_policy ("" leaves OpenMP's default); returns
     {"ms": [per-step ms], "compile_s"}."""
     env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch on a GPU
     env.pop("OMP_WAIT_POLICY", None)
     if wait_policy:
         env["OMP_WAIT_POLICY"] = wait_policy
@@ -172,14 +173,15 @@ def _percentile20(sorted_ms: list[float]) -> float:
 
 def bridge_overhead_us(n: int = 2000) -> dict[str, float]:
     """Median-of-5 mean cost (µs) of one crossing, per kind."""
-    import jax.numpy as jnp
+    import jax
 
     from fusedops.xla import bridge
 
     param = nn.Parameter(torch.randn(1024, 1024))
     act = torch.randn(256, 1024)
     bridge.to_jax(param)
-    array = jnp.asarray(act.numpy()) + 0
+    array = jax.device_put(act.numpy(), jax.devices("cpu")[0]) + 0  # on the CPU whatever JAX's
+    # default backend
 
     def per_call(fn):
         runs = []
@@ -234,6 +236,11 @@ def main() -> None:
         print("bench_xla --device cuda: no CUDA device here (skipped)")
         return
     models = (args.models or ("vit_b16" if cuda else "mlp,vit")).split(",")
+    unknown = sorted(set(models) - set(CASES))
+    if unknown or args.rounds < 1 or args.steps < 1:
+        parser.error(f"--models from {sorted(CASES)} (not {unknown}), --rounds and --steps >= 1")
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        parser.error(f"--dtype {args.dtype!r} is not a torch dtype")
     lines: list[str] = []
 
     def say(text: str = "") -> None:
@@ -241,7 +248,8 @@ def main() -> None:
         lines.append(text)
 
     device = gpu_name() if cuda else f"cpu-{os.cpu_count()}core-{platform.machine()}"
-    today = datetime.date.today().isoformat()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / (f"{device}_xla.csv" if cuda else "cpu-xla.csv")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     say(
         f"fusedops.xla {args.device.upper()} benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}"
@@ -250,14 +258,27 @@ def main() -> None:
     )
     bridge = bridge_overhead_us()
     say("bridge crossing cost: " + ", ".join(f"{k}={v:.1f}" for k, v in bridge.items()))
-    rows = []
     header = (
         f"{'model':28} {'backend':10} {'step_ms':>9} {'compile_s':>9} {'vs eager':>9} "
         f"{'p20_ms':>9} {'vs eager':>9}"
     )
     say(header)
     say("-" * len(header))
+    try:
+        written = _run_models(args, backends, models, device, path, bridge, say)
+    finally:  # the log keeps what was printed, even when a worker failed
+        with path.with_suffix(".log").open("a") as log:
+            log.write("\n".join(lines) + "\n\n")
+    print(f"appended {written} rows to {path.relative_to(ROOT)}")
+
+
+def _run_models(args, backends, models, device, path, bridge, say) -> int:
+    """Time every backend on every model; append each model's rows to ``path`` when done;
+    return the number of rows."""
+    today = datetime.date.today().isoformat()
+    written = 0
     for model in models:
+        rows = []
         case = [model, str(args.batch or CASES[model][1]), args.device, args.dtype]
         with torch.device("meta"):  # the name only
             name = build_case(model, args.batch, "meta", args.dtype)[0]
@@ -289,17 +310,18 @@ def main() -> None:
             if backend == "xla":
                 notes += "; " + "; ".join(f"{k}={v:.1f}" for k, v in bridge.items())
             rows.append([today, device, name, backend, f"{ms:.3f}", f"{compile_s:.2f}", notes])
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / (f"{device}_xla.csv" if cuda else "cpu-xla.csv")
+        _append(path, rows)  # each model's rows as soon as they exist (a later one may fail)
+        written += len(rows)
+    return written
+
+
+def _append(path: Path, rows: list[list]) -> None:
     new = not path.exists()
     with path.open("a", newline="") as f:
         writer = csv.writer(f)
         if new:
             writer.writerow(FIELDS)
         writer.writerows(rows)
-    with path.with_suffix(".log").open("a") as log:  # every run kept, like the CSV
-        log.write("\n".join(lines) + "\n\n")
-    say(f"appended {len(rows)} rows to {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ XLA:CPU hands dots to YNNPACK by default. Measured on the 2-core x86 CPU of our 
   forward program took 28 ms with oneDNN dots against 14 ms with YNNPACK's.
 
 So on the CPU each program is compiled with each candidate (``CANDIDATES``), every candidate runs
-on the call's own inputs (first run compiles, then ``ROUNDS`` timed runs, interleaved), and the
-fastest is kept for the program's later calls. Programs are pure functions of their inputs (the
-random seed is an input too), so the extra runs change nothing but time. A candidate this
-jaxlib does not know (compile option refused) is skipped.
+on the call's own inputs (first run compiles, then 1 to 5 timed runs each, fewer for slower
+programs, interleaved), and the fastest is kept for the program's later calls. Programs are
+pure functions of their inputs (the random seed is an input too), so the extra runs change
+nothing but time. A candidate this jaxlib does not know (compile option refused) is skipped.
 
 ``FUSEDOPS_XLA_CPU_TUNE=0`` turns the choice off: one compile with XLA's defaults (and whatever
 ``XLA_FLAGS`` says).
@@ -38,9 +38,12 @@ CANDIDATES: dict[str, dict[str, str]] = {
     },
 }
 
-#: timed runs per candidate (after the compiling run); one only when a run takes longer than
-#: ``LONG_RUN_S``, so that a large program's first call stays within a few runs
-ROUNDS = 2
+#: timed runs per candidate (after the compiling run): as many as fit in ``TIMING_BUDGET_S``
+#: per candidate, between ``MIN_ROUNDS`` and ``MAX_ROUNDS`` (one only when a run takes longer
+#: than ``LONG_RUN_S``), so small programs get enough runs to see past a noisy machine and a
+#: large program's first call stays within a few runs
+MIN_ROUNDS, MAX_ROUNDS = 2, 5
+TIMING_BUDGET_S = 0.25
 LONG_RUN_S = 0.5
 
 _REFUSED = (getattr(jax.errors, "JaxRuntimeError", RuntimeError),)
@@ -84,7 +87,10 @@ def fastest(functions: dict[str, Callable], args) -> tuple[str, Callable, object
     del first
     best = dict.fromkeys(usable, math.inf)
     fastest_run, kept = math.inf, None  # the fastest run so far and its results
-    for round_index in range(ROUNDS):
+    rounds = MAX_ROUNDS
+    for round_index in range(MAX_ROUNDS):
+        if round_index == rounds:
+            break
         for name, function in list(usable.items()):
             try:
                 seconds, results = _timed(function, args)
@@ -97,7 +103,9 @@ def fastest(functions: dict[str, Callable], args) -> tuple[str, Callable, object
             if seconds < fastest_run:
                 fastest_run, kept = seconds, results
             del results
-        if round_index == 0 and min(best.values()) > LONG_RUN_S:
-            break
+        if round_index == 0:
+            quickest = min(best.values())
+            fit = int(TIMING_BUDGET_S / max(quickest, 1e-9))
+            rounds = 1 if quickest > LONG_RUN_S else min(max(fit, MIN_ROUNDS), MAX_ROUNDS)
     name = min(best, key=best.get)  # the candidate of the fastest run, whose results are kept
     return name, usable[name], kept, best

@@ -103,3 +103,28 @@ def test_tuning_can_be_turned_off(monkeypatch):
     assert not tune.enabled()
     for program in _trace_and_check(_attention_block()):
         assert program.tuning == {"cpu:0": {"library": tune.DEFAULT, "seconds": {}}}
+
+
+def _counting(seconds: float, calls: list):
+    def run(x):
+        calls.append(x)
+        time.sleep(seconds)
+        return x
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("seconds", "long_run_s", "timed_runs"),
+    [(0.001, 0.5, tune.MAX_ROUNDS), (0.07, 0.5, 3), (0.02, 0.01, 1)],  # 3: 0.25 s // 0.07 s
+    ids=["quick", "medium", "long"],
+)
+def test_fastest_times_quick_programs_more_often_than_long_ones(
+    monkeypatch, seconds, long_run_s, timed_runs
+):
+    monkeypatch.setattr(tune, "LONG_RUN_S", long_run_s)
+    monkeypatch.setattr(tune, "TIMING_BUDGET_S", 0.25)
+    calls_a, calls_b = [], []
+    functions = {tune.DEFAULT: _counting(seconds, calls_a), "b": _counting(seconds, calls_b)}
+    tune.fastest(functions, (np.zeros(1),))
+    assert len(calls_a) == len(calls_b) == 1 + timed_runs  # compiling run + timed runs

@@ -71,34 +71,43 @@ class ViTB16(nn.Module):
         return self.head(self.norm(self.blocks(x)).mean(1))
 
 
-def mlp_case(batch: int = 256):
+def mlp_case(batch: int):
     layers = []
     for _ in range(4):
         layers += [nn.Linear(1024, 1024), nn.ReLU()]
-    return f"mlp-4x1024-b{batch}", nn.Sequential(*layers[:-1]), torch.randn(batch, 1024)
+    return nn.Sequential(*layers[:-1]), torch.randn(batch, 1024)
 
 
-def vit_case(batch: int = 8):
-    model = nn.Sequential(*[Block(256, 4) for _ in range(4)])
-    return f"vit-d256-h4-s196-b{batch}-4blk", model, torch.randn(batch, 196, 256)
+def vit_case(batch: int):
+    return nn.Sequential(*[Block(256, 4) for _ in range(4)]), torch.randn(batch, 196, 256)
 
 
-def vit_b16_case(batch: int = 64):
-    return f"vit-b16-224-b{batch}", ViTB16(), torch.randn(batch, 3, 224, 224)
+def vit_b16_case(batch: int):
+    return ViTB16(), torch.randn(batch, 3, 224, 224)
 
 
-#: --models names -> (case, default batch)
-CASES = {"mlp": (mlp_case, 256), "vit": (vit_case, 8), "vit_b16": (vit_b16_case, 64)}
+#: --models names -> (name pattern, (model, input) builder, default batch)
+CASES = {
+    "mlp": ("mlp-4x1024-b{batch}", mlp_case, 256),
+    "vit": ("vit-d256-h4-s196-b{batch}-4blk", vit_case, 8),
+    "vit_b16": ("vit-b16-224-b{batch}", vit_b16_case, 64),
+}
+
+
+def case_name(model: str, batch: int | None, dtype: str) -> str:
+    """The name results carry for ``CASES[model]`` (dtype suffix unless float32)."""
+    pattern, _, default_batch = CASES[model]
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return pattern.format(batch=batch or default_batch) + suffix
 
 
 def build_case(model: str, batch: int | None, device: str, dtype: str):
     """(name, model, input) of ``CASES[model]`` on ``device`` in ``dtype`` (a torch.dtype
     name)."""
-    case, default_batch = CASES[model]
-    name, module, x = case(batch or default_batch)
+    _, build, default_batch = CASES[model]
+    module, x = build(batch or default_batch)
     kind = getattr(torch, dtype)
-    suffix = "" if kind == torch.float32 else f"-{dtype}"
-    return f"{name}{suffix}", module.to(device, kind), x.to(device, kind)
+    return case_name(model, batch, dtype), module.to(device, kind), x.to(device, kind)
 
 
 def make_forward(backend: str, model: nn.Module):
@@ -279,9 +288,8 @@ def _run_models(args, backends, models, device, path, bridge, say) -> int:
     written = 0
     for model in models:
         rows = []
-        case = [model, str(args.batch or CASES[model][1]), args.device, args.dtype]
-        with torch.device("meta"):  # the name only
-            name = build_case(model, args.batch, "meta", args.dtype)[0]
+        case = [model, str(args.batch or CASES[model][2]), args.device, args.dtype]
+        name = case_name(model, args.batch, args.dtype)
         # each backend in its own process, 2 x rounds times, in mirrored order, so that load
         # drifts of this shared machine hit every backend alike
         runs: dict[str, list[dict]] = {b: [] for b in backends}

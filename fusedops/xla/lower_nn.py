@@ -627,14 +627,16 @@ def _sdpa_efficient_backward(
     _no_dropout(dropout_p, "memory-efficient attention")
     lse = _lse_from(lse, q, k, v, attn_bias, is_causal, scale)
     dq, dk, dv, dscores = _attention_backward(grad, q, k, v, out, lse, attn_bias, is_causal, scale)
-    dbias = None
-    if len(meta) > 3 and isinstance(meta[3], torch.Tensor):
-        shape = tuple(meta[3].shape)
-        lead = dscores.ndim - len(shape)
-        dbias = dscores.sum(axis=tuple(range(lead))) if lead else dscores
-        keep = tuple(i for i, n in enumerate(shape) if n == 1 and dbias.shape[i] != 1)
-        dbias = dbias.sum(axis=keep, keepdims=True) if keep else dbias
-    return dq, dk, dv, dbias
+    wants_bias_grad = len(meta) > 3 and isinstance(meta[3], torch.Tensor)
+    return dq, dk, dv, _sum_to(dscores, tuple(meta[3].shape)) if wants_bias_grad else None
+
+
+def _sum_to(grad, shape: tuple):
+    """The gradient of a tensor of ``shape`` broadcast to ``grad``'s shape: ``grad`` summed over
+    the dims the broadcast added or expanded."""
+    lead = grad.ndim - len(shape)
+    expanded = tuple(lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1)
+    return grad.sum(axis=tuple(range(lead)) + expanded).reshape(shape)
 
 
 @register(aten._scaled_dot_product_cudnn_attention_backward.default)

@@ -122,7 +122,7 @@ class JaxProgram:
         if seed is not None and not on_cpu:
             seed = jax.device_put(seed, device)
         # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
-        # whole program on ``device``, not on JAX's default backend; jit caches per device
+        # whole program on ``device``, not on JAX's default backend
         with jax.enable_x64(True), jax.default_device(device):
             jax_args = (seed, *[bridge.to_jax(a, device) for a in args])
             function = self._functions.get(device)
@@ -148,18 +148,18 @@ class JaxProgram:
 
     def _choose(self, device, on_cpu: bool, jax_args) -> tuple:
         """The jitted function for ``device`` (on the CPU the fastest ``tune`` candidate) and
-        the results of running it on ``jax_args``."""
-        with jax.enable_x64(True):
-            if on_cpu and tune.enabled():
-                candidates = {
-                    name: jax.jit(self._run, compiler_options=options or None)
-                    for name, options in tune.CANDIDATES.items()
-                }
-                name, function, results, seconds = tune.fastest(candidates, jax_args)
-            else:  # XLA's defaults (no dot library to choose off the CPU)
-                name = tune.DEFAULT if on_cpu else None
-                function, seconds = jax.jit(self._run), {}
-                results = function(*jax_args)
+        the results of running it on ``jax_args`` (called inside ``__call__``'s x64 and device
+        contexts)."""
+        if on_cpu and tune.enabled():
+            candidates = {
+                name: jax.jit(self._run, compiler_options=options or None)
+                for name, options in tune.CANDIDATES.items()
+            }
+            name, function, results, seconds = tune.fastest(candidates, jax_args)
+        else:  # XLA's defaults (no dot library to choose off the CPU)
+            name = tune.DEFAULT if on_cpu else None
+            function, seconds = jax.jit(self._run), {}
+            results = function(*jax_args)
         self._functions[device] = function
         self.tuning[str(device)] = {"library": name, "seconds": seconds}
         return function, results

@@ -184,7 +184,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     db_partial = new_output({partial_rows, cols}, f32, poison);
     dbias = new_output({cols}, bias->options(), poison);
   }
-  if (cols > std::min<int64_t>(max_register_cols, 8192)) coeffs = new_output({2, rows}, f32, poison);
+  if (fusedops::layer_norm_backward_needs_coeffs(cols, max_register_cols)) {
+    coeffs = new_output({2, rows}, f32, poison);
+  }
   const auto data = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
   const auto floats = [](const at::Tensor& t) {
     return t.defined() ? t.data_ptr<float>() : nullptr;
@@ -201,10 +203,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   return {dx, dweight, dbias};
 }
 
-// LayerNorm / RMSNorm with its autograd in C++ (the eager path on CUDA): x in any shape whose
-// trailing dims hold n elements, weight/bias (absent, or n elements in fp32 or x's dtype). The
-// backward runs on the autograd engine's thread without Python: no GIL, no Python frames per
-// call. Returns y in x's shape.
 // x as contiguous rows of n elements.
 at::Tensor norm_rows(const at::Tensor& x, int64_t n) {
   TORCH_CHECK(n > 0 && x.numel() % n == 0, "x has ", x.numel(), " elements, not rows of ", n);
@@ -218,6 +216,10 @@ std::optional<at::Tensor> norm_param(const std::optional<at::Tensor>& p, int64_t
   return p->contiguous().view({n});
 }
 
+// LayerNorm / RMSNorm with its autograd in C++ (the eager path on CUDA): x in any shape whose
+// trailing dims hold n elements, weight/bias (absent, or n elements in fp32 or x's dtype). The
+// backward runs on the autograd engine's thread without Python: no GIL, no Python frames per
+// call. Returns y in x's shape.
 class NormFunction : public torch::autograd::Function<NormFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,

@@ -25,7 +25,8 @@ cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bi
 // dx, and dweight/dbias (param_dtype, cols; null when not wanted) summed in fp32 in a fixed order
 // from partial_rows (1..min(rows, 65535)) fp32 partial rows (dw_partial/db_partial,
 // (partial_rows, cols), null exactly when dweight/dbias is). coeffs: (2, rows) fp32 workspace
-// for long rows.
+// for long rows (exactly when layer_norm_backward_needs_coeffs; may be null otherwise).
+bool layer_norm_backward_needs_coeffs(int64_t cols, int64_t max_register_cols);
 cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weight,
                                 DType param_dtype, const float* mean, const float* rstd,
                                 void* dx, float* dw_partial, float* db_partial,

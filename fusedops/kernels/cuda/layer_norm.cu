@@ -1,8 +1,9 @@
 // LayerNorm and RMSNorm forward and backward, the same algorithm as kernels/triton/layer_norm.py.
 //
 // x is (rows, cols) contiguous; weight and bias (null when absent) are fp32 or x's dtype (one
-// dtype for both), read as fp32; dweight/dbias are stored in that dtype. Statistics in fp32; lanes past the end of a row hold 0 before every
-// reduction. mean (LayerNorm only) and rstd are saved in fp32.
+// dtype for both), read as fp32; dweight/dbias are stored in that dtype. Statistics in fp32;
+// lanes past the end of a row hold 0 before every reduction. mean (LayerNorm only) and rstd are
+// saved in fp32.
 //
 // Register path (cols <= min(max_register_cols, kMaxRegisterCols)): a row is held in registers,
 //   kVpt values per thread; a warp per row (8 rows per block) for cols <= 1024, otherwise the
@@ -398,6 +399,9 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
   const W* tw = static_cast<const W*>(weight);
   T* tdx = static_cast<T*>(dx);
   const unsigned int blocks = static_cast<unsigned int>(partial_rows);
+  // 64-bit: cols + kThreads - 1 would overflow int for cols near INT32_MAX.
+  const unsigned int column_blocks =
+      static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
   if (use_register_path(cols, max_register_cols)) {
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
       backward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
@@ -406,15 +410,10 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
   } else {
     row_coeffs_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
         tdy, tx, tw, mean, rstd, coeffs, rows, cols, rms);
-    // 64-bit: cols + kThreads - 1 would overflow int for cols near INT32_MAX.
-    const unsigned int column_blocks =
-        static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
     const dim3 grid(column_blocks, blocks);
     backward_columns_kernel<T, W><<<grid, kThreads, 0, stream>>>(
         tdy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
   }
-  const unsigned int column_blocks =
-      static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
   if (dweight != nullptr) {
     column_sum_kernel<W><<<column_blocks, kThreads, 0, stream>>>(
         dw_partial, static_cast<W*>(dweight), partial_rows, cols);
@@ -458,6 +457,10 @@ cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bi
   return cudaGetLastError();
 }
 
+bool layer_norm_backward_needs_coeffs(int64_t cols, int64_t max_register_cols) {
+  return !use_register_path(cols, max_register_cols);
+}
+
 cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weight,
                                 DType param_dtype, const float* mean, const float* rstd,
                                 void* dx, float* dw_partial, float* db_partial,
@@ -469,7 +472,7 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weigh
       partial_rows > rows || rstd == nullptr || (!rms && mean == nullptr) ||
       (dw_partial == nullptr) != (dweight == nullptr) ||
       (db_partial == nullptr) != (dbias == nullptr) ||
-      (!use_register_path(cols, max_register_cols) && coeffs == nullptr)) {
+      (layer_norm_backward_needs_coeffs(cols, max_register_cols) && coeffs == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const int n = static_cast<int>(cols);

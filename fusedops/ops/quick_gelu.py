@@ -12,7 +12,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_tensor
-from fusedops.ops._eager import eager_fast_path
+from fusedops.ops._define import define_op
 
 ALPHA = 1.702
 
@@ -39,38 +39,19 @@ dispatch.register_op(
 )
 
 
-def _forward(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+def _forward(x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     return dispatch.select("quick_gelu", x, backend=backend).forward(x)
 
 
-def _backward_body(grad: torch.Tensor, x: torch.Tensor, backend: str | None) -> torch.Tensor:
+def _backward_body(grad: torch.Tensor, x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     return dispatch.select("quick_gelu", x, backend=backend).backward(grad.contiguous(), x)
 
 
-# ------------------------------------------------------------------------------------------
-# Custom ops (torch.compile, torch.export, subclasses) and the eager autograd.Function: the
-# same bodies (see ops/_eager.py).
-
-
-@torch.library.custom_op("fusedops::quick_gelu", mutates_args=())
-def _quick_gelu_op(x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
-    return _forward(x, backend)
-
-
-@_quick_gelu_op.register_fake
-def _(x, backend=None):
+def _forward_fake(x: torch.Tensor, backend: str | None = None) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("fusedops::quick_gelu_backward", mutates_args=())
-def _quick_gelu_backward_op(
-    grad: torch.Tensor, x: torch.Tensor, backend: str | None = None
-) -> torch.Tensor:
-    return _backward_body(grad, x, backend)
-
-
-@_quick_gelu_backward_op.register_fake
-def _(grad, x, backend=None):
+def _backward_fake(grad: torch.Tensor, x: torch.Tensor, backend: str | None = None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -81,27 +62,20 @@ def _setup_context(ctx, inputs, output):
     ctx.backend = dispatch.requested(backend)
 
 
-def _backward(ctx, grad):
+def _grads(ctx, backward, grad):
     (x,) = ctx.saved_tensors
-    return _quick_gelu_backward_op(grad, x, ctx.backend), None
+    return backward(grad, x, ctx.backend), None
 
 
-_quick_gelu_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _QuickGELUFunction(torch.autograd.Function):
-    """The eager path (ops/_eager.py); classic ``forward(ctx, ...)`` (cheaper ``apply``)."""
-
-    @staticmethod
-    def forward(ctx, x, backend):
-        output = _forward(x, backend)
-        _setup_context(ctx, (x, backend), output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return _backward_body(grad, x, ctx.backend), None
+QUICK_GELU = define_op(
+    "quick_gelu",
+    forward=_forward,
+    fake=_forward_fake,
+    backward=_backward_body,
+    backward_fake=_backward_fake,
+    setup_context=_setup_context,
+    grads=_grads,
+)
 
 
 def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
@@ -112,7 +86,4 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
     """
     check_tensor(x, "x")
-    x = x.contiguous()
-    if eager_fast_path(x):
-        return _QuickGELUFunction.apply(x, backend)
-    return _quick_gelu_op(x, backend)
+    return QUICK_GELU(x.contiguous(), backend)

@@ -79,6 +79,11 @@ def _dims(dim, ndim: int) -> tuple[int, ...]:
     return tuple(d % max(ndim, 1) for d in dim)
 
 
+def upcast(x):
+    """``x`` in fp32 when it is 16-bit float (fusedops' kernels compute in fp32), else as is."""
+    return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
+
+
 def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
 
@@ -93,6 +98,24 @@ def op_names(ops: Sequence[object]) -> list[str]:
 
 # The table itself: each module registers its ops on import.
 from fusedops.xla import lower_nn, lower_pointwise, lower_reduce, lower_shape  # noqa: E402, F401
+
+
+def _load_fusedops_lowerings() -> None:
+    """Register the lowering of every fusedops op (``kernels/xla/<op>.py``, DESIGN.md op
+    contract 5); importing an op's module first defines its ``torch.ops.fusedops`` ops."""
+    import importlib
+    import importlib.util
+
+    from fusedops import ops
+
+    for name in ops.OP_MODULES:
+        importlib.import_module(f"fusedops.ops.{name}")
+        module = f"fusedops.kernels.xla.{name}"
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+_load_fusedops_lowerings()
 
 # functionalization with views removed (``remove="mutations_and_views"``) emits *_copy ops
 for _view_op, _copy_op in (

@@ -1,22 +1,14 @@
-"""Hooks: patch torch (or user model code) so unchanged training scripts run fused ops.
+"""The hooks machinery: named, reversible sets of patches, applied now or at import.
 
-Each hook replaces named attributes (``torch.nn.LayerNorm``, ``torch.optim.Adam``, a CLIP
-``QuickGELU`` class...) by a fused subclass with the same constructor and state_dict, everywhere
-they are exposed, and can restore the originals::
+A ``Hook`` replaces attributes (``Target``: module, attribute, how to make the replacement) and
+restores them on ``disable``. A hook enabled before its target module is imported (e.g. before
+``import torch``) installs a ``sys.meta_path`` finder that applies the patch the moment that
+module finishes importing, so ``from torch.nn import LayerNorm`` in model code sees the fused
+class. Targets inside torch are patched once the whole ``torch`` package has imported.
 
-    from fusedops import hooks
-    hooks.enable_quick_gelu(classes=["open_clip.transformer.QuickGELU"])
-    hooks.enabled()                          # ['quick_gelu']
-    with hooks.patched("quick_gelu", classes=[MyQuickGELU]): ...
-    hooks.disable_quick_gelu()
-
-A hook enabled before its target module is imported (e.g. before ``import torch``) installs a
-``sys.meta_path`` finder that applies the patch the moment that module finishes importing, so
-``from torch.nn import LayerNorm`` in model code sees the fused class. Targets inside torch are
-patched once the whole ``torch`` package has imported. ``FUSEDOPS_HOOKS=a,b`` (or ``all``)
-enables hooks at interpreter start through the ``fusedops_hooks.pth`` file the package installs.
-
-This module never imports torch itself; replacements are imported when a patch is applied.
+One hook may patch several libraries: the module of each library (``lib_<library>.py``) adds
+its targets and module swaps to the hook with ``contribute``. This module never imports torch;
+replacements are imported when a patch is applied.
 """
 
 from __future__ import annotations
@@ -52,6 +44,8 @@ class Hook:
     (used by ``replace_modules`` on models that are already built).
     parse_env(text) -> options, for ``FUSEDOPS_HOOKS=name:text``.
     needs_options: the hook patches nothing without options (skipped by ``all``).
+    contributions: (targets, module_swap) pairs other libraries' modules added (``contribute``);
+    their targets are patched with the hook's own, their swaps tried after its own.
     """
 
     name: str
@@ -62,6 +56,23 @@ class Hook:
     options: dict = field(default_factory=dict)
     enabled: bool = False
     applied: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
+    contributions: list[tuple[Callable | None, Callable | None]] = field(default_factory=list)
+
+    def all_targets(self, **options: Any) -> list[Target]:
+        """The hook's targets for ``options``, then every contribution's."""
+        found = list(self.targets(**options))
+        for targets, _ in self.contributions:
+            if targets is not None:
+                found += targets(**options)
+        return found
+
+    def swap_for(self, cls: type, **options: Any) -> Any:
+        """The fused class for a module of class ``cls`` (own swap first), or None."""
+        for swap in (self.module_swap, *(s for _, s in self.contributions)):
+            fused = swap(cls, **options) if swap is not None else None
+            if fused is not None:
+                return fused
+        return None
 
 
 _HOOKS: dict[str, Hook] = {}
@@ -72,6 +83,16 @@ def register_hook(hook: Hook) -> Hook:
     """Add ``hook`` to the registry (later issues register theirs here)."""
     _HOOKS[hook.name] = hook
     return hook
+
+
+def contribute(
+    name: str,
+    targets: Callable[..., list[Target]] | None = None,
+    module_swap: Callable[..., Any] | None = None,
+) -> None:
+    """Add a library's ``targets(**options)`` and ``module_swap(cls, **options)`` to hook
+    ``name`` (both take the hook's options and ignore the ones they do not use)."""
+    _get(name).contributions.append((targets, module_swap))
 
 
 def available() -> list[str]:
@@ -183,7 +204,7 @@ def enable(name: str, **options: Any) -> None:
             if options == hook.options:
                 return
             disable(name)
-        targets = hook.targets(**options)  # validates options before anything changes
+        targets = hook.all_targets(**options)  # validates options before anything changes
         hook.options, hook.enabled = dict(options), True
         for target in targets:
             _schedule(hook, target)
@@ -248,182 +269,14 @@ def replace_modules(model, hooks: Iterable[str] | None = None, **options: Any):
     chosen = [_get(name) for name in (available() if hooks is None else hooks)]
     for module in model.modules():
         for hook in chosen:
-            if hook.module_swap is None:
-                continue
-            fused = hook.module_swap(type(module), **options)
+            fused = hook.swap_for(type(module), **options)
             if fused is not None:
                 module.__class__ = fused
                 break
     return model
 
 
-# --------------------------------------------------------------------------------------------
-# The hooks. Each op adds its entry below; replacements are imported only when applied.
-
-
-def _resolve(dotted: str) -> Any:
+def resolve(dotted: str) -> Any:
+    """The object at ``"module:attr"`` (imports the module)."""
     module, _, attr = dotted.partition(":")
     return getattr(importlib.import_module(module), attr)
-
-
-def _quick_gelu_class_locations(classes: Iterable[Any]) -> list[tuple[str, str]]:
-    locations = []
-    for cls in classes:
-        if isinstance(cls, str):
-            module, _, attr = cls.rpartition(".")
-            if not module:
-                raise ValueError(f"classes: {cls!r} is not a dotted 'module.Class' path")
-            locations.append((module, attr))
-        elif isinstance(cls, type):
-            locations.append((cls.__module__, cls.__qualname__))
-        else:
-            raise TypeError(f"classes: expected a class or 'module.Class', got {cls!r}")
-    return locations
-
-
-def _quick_gelu_targets(classes: Iterable[Any] = (), gelu: bool = False) -> list[Target]:
-    fused_subclass = lambda original: _resolve("fusedops.nn.quick_gelu:fused_subclass")(original)
-    targets = [Target(m, a, fused_subclass) for m, a in _quick_gelu_class_locations(classes)]
-    if gelu:
-        warnings.warn(
-            "enable_quick_gelu(gelu=True) replaces nn.GELU by QuickGELU, x*sigmoid(1.702x): "
-            "this is a different function and changes the model's outputs",
-            stacklevel=4,
-        )
-        gelu_cls = lambda original: _resolve("fusedops.nn.quick_gelu:GELUAsQuickGELU")
-        targets += [Target(m, "GELU", gelu_cls) for m in _TORCH_NN_ACTIVATION_MODULES]
-    if not targets:
-        warnings.warn(
-            "enable_quick_gelu(): no classes named and gelu=False, so nothing is patched",
-            stacklevel=4,
-        )
-    return targets
-
-
-def _quick_gelu_swap(cls, classes: Iterable[Any] = (), gelu: bool = False, **_: Any):
-    quick_gelu_nn = importlib.import_module("fusedops.nn.quick_gelu")
-    if cls.__dict__.get("_fusedops_fused", False):
-        return None
-    if gelu and cls is importlib.import_module("torch.nn").GELU:
-        return quick_gelu_nn.GELUAsQuickGELU
-    names = set(_quick_gelu_class_locations(classes))
-    if (cls.__module__, cls.__qualname__) in names:
-        return quick_gelu_nn.fused_subclass(cls)
-    return None
-
-
-_TORCH_NN_ACTIVATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.modules.activation")
-
-register_hook(
-    Hook(
-        "quick_gelu",
-        targets=_quick_gelu_targets,
-        module_swap=_quick_gelu_swap,
-        parse_env=lambda text: {"classes": [c for c in text.split("+") if c]},
-        needs_options=True,
-    )
-)
-
-
-def enable_quick_gelu(classes: Iterable[Any] = (), *, gelu: bool = False) -> None:
-    """Replace CLIP-style QuickGELU classes by fusedops' fused QuickGELU.
-
-    classes: the classes to replace, as class objects or ``"module.Class"`` paths (e.g.
-    ``"open_clip.transformer.QuickGELU"``); each is swapped for a fused subclass of itself.
-    gelu: also replace ``torch.nn.GELU`` (a different function: warns).
-    """
-    enable("quick_gelu", classes=tuple(classes), gelu=gelu)
-
-
-def disable_quick_gelu() -> None:
-    """Restore the classes ``enable_quick_gelu`` replaced."""
-    disable("quick_gelu")
-
-
-# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch exposes them.
-
-_TORCH_NN_NORMALIZATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.modules.normalization")
-
-
-def _norm_targets(fused: str) -> Callable[..., list[Target]]:
-    attr = fused.rpartition(":")[2]
-    make = lambda original: _resolve(fused)
-    return lambda: [Target(module, attr, make) for module in _TORCH_NN_NORMALIZATION_MODULES]
-
-
-def _norm_swap(fused: str) -> Callable[..., Any]:
-    def swap(cls, **_: Any):
-        fused_cls = _resolve(fused)
-        # Exactly the torch class (the fused class's base), not user subclasses of it.
-        return fused_cls if cls is fused_cls.__bases__[0] else None
-
-    return swap
-
-
-for _name, _fused in (
-    ("layer_norm", "fusedops.nn.layer_norm:LayerNorm"),
-    ("rms_norm", "fusedops.nn.layer_norm:RMSNorm"),
-):
-    register_hook(Hook(_name, targets=_norm_targets(_fused), module_swap=_norm_swap(_fused)))
-
-
-def enable_fused_layer_norm() -> None:
-    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules and
-    torch.nn.modules.normalization) by ``fusedops.nn.LayerNorm``; before ``import torch``, on
-    import."""
-    enable("layer_norm")
-
-
-def disable_fused_layer_norm() -> None:
-    """Restore ``torch.nn.LayerNorm``."""
-    disable("layer_norm")
-
-
-def enable_fused_rms_norm() -> None:
-    """Replace ``torch.nn.RMSNorm`` everywhere torch exposes it by ``fusedops.nn.RMSNorm``."""
-    enable("rms_norm")
-
-
-def disable_fused_rms_norm() -> None:
-    """Restore ``torch.nn.RMSNorm``."""
-    disable("rms_norm")
-
-
-# Adam / AdamW: torch.optim.Adam and torch.optim.AdamW in both places torch exposes them. The
-# fused classes subclass the originals, so isinstance checks and LR schedulers keep working.
-
-for _name, _module, _attr, _fused in (
-    ("adam", "torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam"),
-    ("adamw", "torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW"),
-):
-    register_hook(
-        Hook(
-            _name,
-            targets=lambda _module=_module, _attr=_attr, _fused=_fused: [
-                Target(module, _attr, lambda original, _fused=_fused: _resolve(_fused))
-                for module in ("torch.optim", _module)
-            ],
-        )
-    )
-
-
-def enable_fused_adam() -> None:
-    """Replace ``torch.optim.Adam`` (and ``torch.optim.adam.Adam``) by
-    ``fusedops.optim.FusedAdam``; before ``import torch``, on import."""
-    enable("adam")
-
-
-def disable_fused_adam() -> None:
-    """Restore ``torch.optim.Adam``."""
-    disable("adam")
-
-
-def enable_fused_adamw() -> None:
-    """Replace ``torch.optim.AdamW`` (and ``torch.optim.adamw.AdamW``) by
-    ``fusedops.optim.FusedAdamW``; before ``import torch``, on import."""
-    enable("adamw")
-
-
-def disable_fused_adamw() -> None:
-    """Restore ``torch.optim.AdamW``."""
-    disable("adamw")

@@ -1,0 +1,72 @@
+"""Hooks: patch torch and model libraries so unchanged training scripts run fused ops.
+
+Each hook replaces named classes (``torch.nn.LayerNorm``, ``torch.optim.Adam``, a CLIP
+``QuickGELU`` class...) by a fused subclass with the same constructor and state_dict, everywhere
+they are exposed, and can restore the originals::
+
+    from fusedops import hooks
+    hooks.enable_fused_layer_norm()
+    hooks.enabled()                          # ['layer_norm']
+    with hooks.patched("quick_gelu", classes=[MyQuickGELU]): ...
+    hooks.disable_fused_layer_norm()
+
+Enabled before the target module is imported (even before ``import torch``), a hook patches at
+import time. ``FUSEDOPS_HOOKS=a,b`` (or ``all``) enables hooks at interpreter start through the
+``fusedops_hooks.pth`` file the package installs. ``replace_modules(model)`` converts a model
+that is already built.
+
+Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
+patched (``lib_torch``, ...). Importing this package never imports torch.
+"""
+
+from __future__ import annotations
+
+from fusedops.hooks.lib_torch import (
+    disable_fused_adam,
+    disable_fused_adamw,
+    disable_fused_layer_norm,
+    disable_fused_rms_norm,
+    disable_quick_gelu,
+    enable_fused_adam,
+    enable_fused_adamw,
+    enable_fused_layer_norm,
+    enable_fused_rms_norm,
+    enable_quick_gelu,
+)
+from fusedops.hooks.machinery import (
+    Hook,
+    Target,
+    available,
+    contribute,
+    disable,
+    enable,
+    enable_from_spec,
+    enabled,
+    patched,
+    register_hook,
+    replace_modules,
+)
+
+__all__ = [
+    "Hook",
+    "Target",
+    "available",
+    "contribute",
+    "disable",
+    "disable_fused_adam",
+    "disable_fused_adamw",
+    "disable_fused_layer_norm",
+    "disable_fused_rms_norm",
+    "disable_quick_gelu",
+    "enable",
+    "enable_from_spec",
+    "enable_fused_adam",
+    "enable_fused_adamw",
+    "enable_fused_layer_norm",
+    "enable_fused_rms_norm",
+    "enable_quick_gelu",
+    "enabled",
+    "patched",
+    "register_hook",
+    "replace_modules",
+]

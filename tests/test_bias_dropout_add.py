@@ -274,7 +274,9 @@ def test_gradcheck_reference():
     assert torch.autograd.gradcheck(fn, (x, bias, residual))
 
 
-class _Block(torch.nn.Module):
+class Block(torch.nn.Module):
+    """h = x W^T, then x + dropout(h + b) through fusedops.nn.BiasDropoutAdd."""
+
     def __init__(self, dim=8, p=0.25):
         super().__init__()
         self.linear = torch.nn.Linear(dim, dim)
@@ -287,7 +289,7 @@ class _Block(torch.nn.Module):
 
 def test_torch_compile_no_graph_break_same_mask_as_eager():
     torch._dynamo.reset()
-    model = _Block().to(DEVICE)
+    model = Block().to(DEVICE)
     x = random_tensor((5, 8), torch.float32, DEVICE).requires_grad_()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.manual_seed(6)
@@ -315,7 +317,7 @@ def test_opcheck():
 
 
 def test_torch_export_keeps_the_custom_op():
-    model = _Block()
+    model = Block()
     x = random_tensor((2, 8), torch.float32, "cpu")
     exported = torch.export.export(model, (x,))
     assert "fusedops.bias_dropout_add" in str(exported.graph)

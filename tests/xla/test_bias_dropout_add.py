@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import fusedops
 from fusedops.ops.bias_dropout_add import draw_seed, reference
 from fusedops.testing import assert_close, random_tensor
 from fusedops.xla import partial_trace
 from fusedops.xla.lower import LOWERINGS
+from tests.test_bias_dropout_add import Block
 
 ops = torch.ops.fusedops
 
@@ -52,23 +52,12 @@ def test_lowering_matches_eager_bit_for_bit(shape, with_bias, p):
         assert_close(_torch(got_bias), grad_bias.double())
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, dim=8, p=0.5):
-        super().__init__()
-        self.linear = torch.nn.Linear(dim, dim)
-        self.drop_add = fusedops.nn.BiasDropoutAdd(p)
-
-    def forward(self, x):
-        h = torch.nn.functional.linear(x, self.linear.weight)
-        return self.drop_add(h, self.linear.bias, x)
-
-
 def test_block_is_one_program_per_direction_and_consistent():
     """Under partial_trace(fullgraph=True) the seed is drawn in the program (its random key);
     the output and the backward must agree on one mask: out = x where dropped, x + h * 2 where
     kept; grad of h's input is zero exactly where dropped."""
     torch.manual_seed(0)
-    block = _Block()
+    block = Block(p=0.5)
     traced = partial_trace(block, fullgraph=True)
     x = random_tensor((16, 8)).requires_grad_()
     out = traced(x)

@@ -400,16 +400,6 @@ void check_elements(const at::Tensor& t, const char* name, const at::Tensor& lik
               like.numel());
 }
 
-const float* float_vector(const std::optional<at::Tensor>& t, const char* name,
-                          const at::Tensor& like) {
-  if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->is_cuda() && t->device() == like.device(), name, " must be on ", like.device());
-  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, name, " must be float32, got ",
-                   t->scalar_type());
-  return t->const_data_ptr<float>();
-}
-
 fusedops::DropoutParams dropout_params(const std::optional<at::Tensor>& seed, int64_t threshold,
                                        double scale, int64_t mode, const at::Tensor& like) {
   TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (keep), 1 (random) or 2 (drop), got ",
@@ -439,8 +429,8 @@ void bias_dropout_add_forward(const at::Tensor& src, const std::optional<at::Ten
   check_elements(src, "src", out);
   check_elements(out, "out", out);
   if (residual.has_value()) check_input(*residual, "residual", out);
-  const float* bias_ptr = float_vector(bias, "bias", out);
   const int64_t cols = bias.has_value() ? bias->numel() : 1;
+  const float* bias_ptr = float_ptr(bias, "bias", cols, out);
   TORCH_CHECK(!bias.has_value() || (cols > 0 && src.numel() % cols == 0), "bias has ", cols,
               " elements, not a divisor of src's ", src.numel());
   const auto params = dropout_params(seed, threshold, scale, mode, out);
@@ -459,20 +449,19 @@ void bias_dropout_add_backward(const at::Tensor& grad, at::Tensor& grad_x, at::T
                                int64_t threshold, double scale, int64_t mode) {
   check_elements(grad, "grad", grad_x);
   check_elements(grad_x, "grad_x", grad_x);
-  float_vector(grad_bias, "grad_bias", grad_x);
-  float_vector(partial, "partial", grad_x);
   const int64_t cols = grad_bias.numel();
+  float* grad_bias_ptr = float_ptr(grad_bias, "grad_bias", cols, grad_x);
   TORCH_CHECK(partial.dim() == 2 && partial.size(1) == cols, "partial must be (groups, ", cols,
               ")");
+  float* partial_ptr = float_ptr(partial, "partial", partial.numel(), grad_x);
   TORCH_CHECK(cols > 0 ? grad.numel() % cols == 0 : grad.numel() == 0, "grad_bias has ", cols,
               " elements, not a divisor of grad's ", grad.numel());
   const auto params = dropout_params(seed, threshold, scale, mode, grad_x);
   c10::cuda::CUDAGuard guard(grad_x.device());
   check_launch(fusedops::bias_dropout_add_backward(
                    grad.const_data_ptr(), dtype_of(grad, "grad"), grad_x.data_ptr(),
-                   dtype_of(grad_x, "grad_x"), partial.data_ptr<float>(),
-                   grad_bias.data_ptr<float>(), partial.size(0), cols > 0 ? grad.numel() / cols : 0,
-                   cols, params, current_stream()),
+                   dtype_of(grad_x, "grad_x"), partial_ptr, grad_bias_ptr, partial.size(0),
+                   cols > 0 ? grad.numel() / cols : 0, cols, params, current_stream()),
                "bias_dropout_add_backward");
 }
 

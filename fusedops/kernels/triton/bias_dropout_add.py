@@ -25,7 +25,8 @@ from fusedops import _alloc
 from fusedops.kernels.triton.layer_norm import _column_sum, _max_programs
 from fusedops.ops import philox
 
-#: Elements per tile (BLOCK_M * BLOCK_N4 * 4) and the widest tile row (columns).
+#: Elements per tile (BLOCK_M * BLOCK_N4 * 4) and the widest tile row (columns) of rows with a
+#: bias (a single row, without a bias, takes a whole tile).
 TILE_ELEMENTS = 4096
 MAX_BLOCK_N = 1024
 #: Triton's limit on grid dims 1 and 2 (row groups loop over the rest).
@@ -82,8 +83,8 @@ def _kernel(
         bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     if REDUCE:
         acc = tl.zeros([BLOCK_M, BLOCK_N4, 4], dtype=tl.float32)
-    for start in range(group * BLOCK_M, M, groups * BLOCK_M):
-        rows = (start + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None, None]
+    for start in range(group.to(tl.int64) * BLOCK_M, M, groups * BLOCK_M):
+        rows = (start + tl.arange(0, BLOCK_M))[:, None, None]
         first = rows * H + first_col  # (BM, BN4, 1)
         offsets = first + lane
         mask = (rows < M) & col_mask
@@ -111,7 +112,8 @@ def _launch(src, bias, residual, out, seed, p: float, rows: int, width: int, red
     """Run the kernel over src viewed as (rows, width); returns the fp32 partial rows of the
     column sums when ``reduce``."""
     mode = philox.dropout_mode(p, seed is not None)
-    block_n4 = max(1, min(MAX_BLOCK_N, triton.next_power_of_2(width)) // 4)
+    widest = MAX_BLOCK_N if rows > 1 else TILE_ELEMENTS
+    block_n4 = max(1, min(widest, triton.next_power_of_2(width)) // 4)
     block_m = max(1, min(TILE_ELEMENTS // (4 * block_n4), triton.next_power_of_2(rows)))
     column_blocks = triton.cdiv(width, 4 * block_n4)
     groups = min(triton.cdiv(rows, block_m), MAX_GROUPS)

@@ -74,3 +74,26 @@ def test_block_is_one_program_per_direction_and_consistent():
     # another call draws another seed: another mask
     again = traced(x)
     assert not torch.equal((again.detach() - x.detach()).abs() > 1e-6, kept)
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "low", "high"),
+    [
+        (torch.ops.aten.randint.low, (5, 17, [4000]), 5, 17),
+        (torch.ops.aten.randint.default, (9, [4000]), 0, 9),
+        (torch.ops.aten.randint.low, (0, 2**62, [2000]), 0, 2**62),  # the seed's draw
+    ],
+)
+def test_randint_lowering_range_and_dtype(op, args, low, high):
+    from fusedops.xla import rng
+
+    meta = op(*args)
+    with jax.enable_x64(True):
+        seed = jnp.asarray(rng.next_seed())
+        got = _torch(LOWERINGS[op](*args, meta=meta, key=rng.key_for(seed, 0)))
+    assert got.dtype == torch.int64 and got.shape == meta.shape
+    assert low <= got.min() and got.max() < high
+    if high - low < 100:
+        assert torch.equal(got.unique(), torch.arange(low, high))  # every value drawn
+    else:
+        assert got.max() >= high // 2 and got.double().mean() / high == pytest.approx(0.5, abs=0.05)

@@ -10,11 +10,13 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
 
 - The mask is Philox4x32-10 keyed by a ``seed`` tensor ``int64[2] = [key, offset]`` drawn with
   ``torch.randint`` from torch's generator (the default generator of x's device, or
-  ``generator=``) on x's device. The draw advances the generator, so ``torch.manual_seed``
-  reproduces a run and two calls get different keys (hence different masks); no host
-  synchronisation (kernels read the seed from device memory); under torch.compile the draw is
-  an ordinary random op of the graph (no graph break), and in an XLA region it is lowered like
-  any ``aten.randint`` (fusedops/xla's key). Both values are drawn in [0, 2^62), so
+  ``generator=``) on x's device. The draw advances the generator (by one small draw, not by
+  the element count as torch's CUDA dropout does: nothing else reads that offset), so
+  ``torch.manual_seed`` reproduces a run and two calls get different keys (hence different
+  masks); no host synchronisation (kernels read the seed from device memory). Under
+  torch.compile the draw is an ordinary random op of the graph (no graph break; aot_eager
+  draws the eager seed, inductor its own RNG), and in an XLA region it is lowered like any
+  ``aten.randint`` (fusedops/xla's key). Both values are drawn in [0, 2^62), so
   ``offset + i / 4`` never overflows int64.
 - Element ``i`` (row-major index in x) takes word ``i % 4`` of Philox counter
   ``offset + i // 4`` (one Philox call per four elements; OPS.md's "counter offset + i"

@@ -17,6 +17,9 @@ _ATTRIBUTES = {
     "layer_norm": "fusedops.ops.layer_norm",
     "rms_norm": "fusedops.ops.layer_norm",
     "use_backend": "fusedops.dispatch",
+    "bias_dropout_add": "fusedops.ops.bias_dropout_add",
+    "bias_dropout_add_fused_train": "fusedops.ops.bias_dropout_add",
+    "bias_dropout_add_fused_inference": "fusedops.ops.bias_dropout_add",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
 }

@@ -8,7 +8,9 @@ The third configuration runs the model's forward and backward as XLA programs
 Every configuration runs in a fresh child process (same seed, same data), so peak memory is the
 configuration's own and hooks never leak between runs. The model is written as ordinary user
 code: ``nn.LayerNorm``, ``torch.optim.AdamW`` and a CLIP-style ``QuickGELU`` class; the fusedops
-configuration only enables hooks before building it.
+configuration only enables hooks before building it, and builds its blocks' residual branches
+(``residual + dropout(x + bias)``) with ``fusedops.nn.BiasDropoutAdd``. Dropout masks differ
+between configurations (each draws its own), so final losses differ by more than rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 CONFIGS = ("plain PyTorch", "fusedops hooks", "partial_trace(xla)")
+DROPOUT = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +46,22 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block, as in ViT / CLIP."""
+class DropoutAdd(nn.Module):
+    """``residual + dropout(x + bias)`` as model code writes it (the fusedops configuration
+    builds ``fusedops.nn.BiasDropoutAdd`` instead: one kernel, no saved mask)."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4):
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x, bias, residual):
+        return residual + F.dropout(x + bias, self.p, self.training)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block, as in ViT / CLIP, with dropout on both residual branches."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, fused: bool = False):
         super().__init__()
         self.heads = heads
         self.norm1 = nn.LayerNorm(dim)
@@ -56,14 +71,21 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(dim, mlp_ratio * dim)
         self.act = QuickGELU()
         self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+        if fused:
+            from fusedops.nn import BiasDropoutAdd as drop_add
+        else:
+            drop_add = DropoutAdd
+        self.drop_add1, self.drop_add2 = drop_add(DROPOUT), drop_add(DROPOUT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, dim = x.shape
         qkv = self.qkv(self.norm1(x)).view(batch, tokens, 3, self.heads, dim // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         attn = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.proj(attn.transpose(1, 2).reshape(batch, tokens, dim))
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        h = F.linear(attn.transpose(1, 2).reshape(batch, tokens, dim), self.proj.weight)
+        x = self.drop_add1(h, self.proj.bias, x)
+        h = F.linear(self.act(self.fc1(self.norm2(x))), self.fc2.weight)
+        return self.drop_add2(h, self.fc2.bias, x)
 
 
 class TinyViT(nn.Module):
@@ -72,12 +94,12 @@ class TinyViT(nn.Module):
     Input (B, 3, 32, 32) float; output (B, classes) logits.
     """
 
-    def __init__(self, dim=128, depth=4, heads=4, classes=10, patch=4):
+    def __init__(self, dim=128, depth=4, heads=4, classes=10, patch=4, fused=False):
         super().__init__()
         self.patch = patch
         self.embed = nn.Linear(3 * patch * patch, dim)
         self.pos = nn.Parameter(torch.randn(1, (32 // patch) ** 2, dim) * 0.02)
-        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, fused=fused) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, classes)
 
@@ -106,7 +128,7 @@ def run_config(config: str, steps: int, batch: int, device: str) -> dict:
     if config == "fusedops hooks":
         _enable_all_hooks()
     torch.manual_seed(0)
-    model = TinyViT().to(device)
+    model = TinyViT(fused=config == "fusedops hooks").to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     forward = model
     if config == "partial_trace(xla)":  # the backbone as XLA programs; loss, optimizer eager

@@ -51,7 +51,8 @@ def test_demo_prints_the_table():
     for needle in ("plain PyTorch", "fusedops hooks", "partial_trace(xla)", "final loss"):
         assert needle in done.stdout
     # the hooks configuration really ran the fused classes and recorded each op's backend
-    for needle in ("FusedAdamW", "fusedops.nn.layer_norm.LayerNorm", "quick_gelu", "ran on"):
+    needles = ("FusedAdamW", "fusedops.nn.layer_norm.LayerNorm", "quick_gelu", "ran on")
+    for needle in (*needles, "bias_dropout_add"):
         assert needle in done.stdout
 
 

@@ -358,3 +358,13 @@ def _bernoulli_p(x, p=0.5, *, meta, key, **kwargs):
 @register(aten.bernoulli.default, meta=True, key=True)
 def _bernoulli(x, *, meta, key, **kwargs):
     return (jax.random.uniform(key, x.shape, jnp.float32) < x).astype(_meta_dtype(meta))
+
+
+@register(aten.randint.low, aten.randint.low_generator, meta=True, key=True)
+def _randint_low(low, high, size, *, meta, key, **kwargs):
+    return jax.random.randint(key, tuple(meta.shape), low, high, _meta_dtype(meta))
+
+
+@register(aten.randint.default, aten.randint.generator, meta=True, key=True)
+def _randint(high, size, *, meta, key, **kwargs):
+    return _randint_low(0, high, size, meta=meta, key=key)

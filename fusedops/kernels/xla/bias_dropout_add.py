@@ -1,0 +1,57 @@
+"""Bias-dropout-add in XLA: the same Philox words as every other backend (``ops/philox.py`` in
+jax int64 arithmetic), so a seed gives the same mask in an XLA program as in eager torch.
+
+The seed is the op's ``int64[2]`` input (x64 is on inside fusedops' XLA programs); in a traced
+region it comes from ``torch.randint``, lowered with the region's random key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import torch
+
+from fusedops.ops import philox
+from fusedops.xla.lower import jax_dtype, register
+
+fusedops = torch.ops.fusedops
+
+
+def _compute_dtype(*dtypes):
+    return jnp.float64 if jnp.dtype(jnp.float64) in dtypes else jnp.float32
+
+
+def _dropout(v, seed, p: float):
+    mode = philox.dropout_mode(p, seed is not None)
+    if mode == philox.KEEP:
+        return v
+    if mode == philox.DROP:
+        return jnp.zeros_like(v)
+    n = math.prod(v.shape)
+    counters = jnp.arange(-(-n // 4), dtype=jnp.int64)
+    words = philox.dropout_words(seed.astype(jnp.int64), counters, n, jnp.stack)
+    keep = (words >= philox.keep_threshold(p)).reshape(v.shape)
+    return jnp.where(keep, v * philox.dropout_scale(p), jnp.zeros((), v.dtype))
+
+
+@register(fusedops.bias_dropout_add.default)
+def bias_dropout_add(x, bias, residual, seed, p, backend=None):
+    dtypes = [x.dtype, residual.dtype] + ([] if bias is None else [bias.dtype])
+    compute = _compute_dtype(*dtypes)
+    v = x.astype(compute)
+    if bias is not None:
+        v = v + bias.astype(compute)
+    return (residual.astype(compute) + _dropout(v, seed, p)).astype(residual.dtype)
+
+
+@register(fusedops.bias_dropout_add_backward.default)
+def bias_dropout_add_backward(grad, seed, p, x_dtype, bias_dtype, backend=None):
+    x_type = jax_dtype(x_dtype)
+    bias_type = None if bias_dtype is None else jax_dtype(bias_dtype)
+    compute = _compute_dtype(grad.dtype, jnp.dtype(x_type), jnp.dtype(bias_type or x_type))
+    g = _dropout(grad.astype(compute), seed, p)
+    if bias_type is None:
+        return g.astype(x_type), jnp.zeros((0,), grad.dtype)
+    leading = tuple(range(grad.ndim - 1))
+    return g.astype(x_type), g.sum(axis=leading).reshape(-1).astype(bias_type)

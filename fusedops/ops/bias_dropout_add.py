@@ -1,0 +1,304 @@
+"""Bias-dropout-add: ``residual + dropout(x + bias, p)`` in one pass, with no saved mask.
+
+Shapes and dtypes: x (..., H) float16/bfloat16/float32 (float64 on the reference backend),
+bias (H,) or None, residual broadcastable to x's shape. The output has x's shape and
+residual's dtype: when x's dtype differs from residual's, x and bias are converted to
+residual's dtype as Megatron does (an fp32 residual stream with bf16 x). Math in fp32 (fp64
+when any input is fp64), rounded once to the output dtype.
+
+Design (the lead should know these; OPS.md "Bias-dropout-add"):
+
+- The mask is Philox4x32-10 keyed by a ``seed`` tensor ``int64[2] = [key, offset]`` drawn with
+  ``torch.randint`` from torch's generator (the default generator of x's device, or
+  ``generator=``) on x's device. The draw advances the generator (by one small draw, not by
+  the element count as torch's CUDA dropout does: nothing else reads that offset), so
+  ``torch.manual_seed`` reproduces a run and two calls get different keys (hence different
+  masks); no host synchronisation (kernels read the seed from device memory). Under
+  torch.compile the draw is an ordinary random op of the graph (no graph break; aot_eager
+  draws the eager seed, inductor its own RNG), and in an XLA region it is lowered like any
+  ``aten.randint`` (fusedops/xla's key). Both values are drawn in [0, 2^62), so
+  ``offset + i / 4`` never overflows int64.
+- Element ``i`` (row-major index in x) takes word ``i % 4`` of Philox counter
+  ``offset + i // 4`` (one Philox call per four elements; OPS.md's "counter offset + i"
+  refined so the kernels stay memory-bound) and is kept iff that word is
+  ``>= floor(p * 2^32)``. The reference (``ops/philox.py``, int64 arithmetic), Triton
+  (``tl.randint4x``), CUDA and XLA compute the same words, so every backend keeps the same
+  elements for the same seed: a GPU run's mask can be reproduced on a CPU.
+- Kept elements are scaled by ``1 / (1 - p)``; dropped ones are 0 even where x is inf/NaN
+  (a select, not a multiply by the mask). p = 0 (or ``training=False``) draws nothing and
+  returns x + bias + residual; p = 1 draws nothing and returns residual (grad_x is 0).
+- The backward regenerates the mask from the saved seed (nothing else is saved): grad_x =
+  dropout(grad), grad_bias = sum of it over the leading dims in fp32 (per-program partial sums,
+  then one fixed-order reduction; the same bits every run), grad_residual = grad (summed by
+  autograd over residual's broadcast dims).
+- A residual that broadcasts is expanded to x's shape (one copy) before the fused op; inputs
+  are made contiguous.
+
+Every backend exposes ``forward(x, bias, residual, seed, p) -> out`` on contiguous x, bias (H,)
+or None, residual of x's shape, and ``backward(grad, seed, p, x_dtype, bias_dtype) ->
+(grad_x, grad_bias or None)``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from types import SimpleNamespace
+
+import torch
+
+from fusedops import dispatch
+from fusedops.ops import philox
+from fusedops.ops._checks import check_same_device, check_tensor
+from fusedops.ops._define import define_op
+
+NAME = "bias_dropout_add"
+#: Seed and offset are drawn in [0, SEED_BOUND).
+SEED_BOUND = 2**62
+
+# ------------------------------------------------------------------------------------------
+# Reference implementation (plain PyTorch): the CPU path and the test oracle.
+
+
+def _compute_dtype(*dtypes: torch.dtype | None) -> torch.dtype:
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def keep_mask(seed: torch.Tensor, p: float, n: int) -> torch.Tensor:
+    """The dropout keep-mask (bool, n elements) of a call with ``seed`` and 0 < p < 1: element i
+    is kept iff word ``i % 4`` of Philox counter ``offset + i // 4`` is ``>= floor(p 2^32)``."""
+    counters = torch.arange(-(-n // 4), dtype=torch.int64, device=seed.device)
+    words = philox.dropout_words(seed, counters, n, torch.stack)
+    return words >= philox.keep_threshold(p)
+
+
+def _dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tensor:
+    mode = philox.dropout_mode(p, seed is not None)
+    if mode == philox.KEEP:
+        return v
+    if mode == philox.DROP:
+        return torch.zeros_like(v)
+    keep = keep_mask(seed, p, v.numel()).view(v.shape)
+    return torch.where(keep, v * philox.dropout_scale(p), v.new_zeros(()))
+
+
+def _reference_forward(x, bias, residual, seed, p):
+    compute = _compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+    v = x.to(compute)
+    if bias is not None:
+        v = v + bias.to(compute)
+    return (residual.to(compute) + _dropout(v, seed, p)).to(residual.dtype)
+
+
+def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
+    g = _dropout(grad.to(_compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
+    grad_bias = None
+    if bias_dtype is not None:
+        width = grad.shape[-1] if grad.dim() else 1
+        grad_bias = g.reshape(math.prod(grad.shape[:-1]), width).sum(0).to(bias_dtype)
+    return g.to(x_dtype, copy=True), grad_bias
+
+
+reference = SimpleNamespace(forward=_reference_forward, backward=_reference_backward)
+
+
+def _kernel_check(backend: str, main: torch.Tensor, *others: torch.Tensor | None) -> list[str]:
+    if backend == "reference":
+        return []
+    reasons = []
+    for t in others:
+        if t is not None and t.dtype not in dispatch.KERNEL_DTYPES:
+            reasons.append(f"dtype {t.dtype} of an input is not supported by the kernels")
+    return reasons
+
+
+dispatch.register_op(
+    NAME,
+    reference,
+    triton_module="fusedops.kernels.triton.bias_dropout_add",
+    cuda_module="fusedops.kernels.cuda.bias_dropout_add",
+    check=_kernel_check,
+)
+
+# ------------------------------------------------------------------------------------------
+# The custom ops: x contiguous, bias (H,) or None, residual contiguous of x's shape, seed
+# int64[2] or None (p = 0 or 1), p in [0, 1].
+
+
+def _forward(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    seed: torch.Tensor | None,
+    p: float,
+    backend: str | None = None,
+) -> torch.Tensor:
+    impl = dispatch.select(NAME, x, residual, backend=backend)
+    return impl.forward(x, bias, residual, seed, p)
+
+
+def _forward_fake(x, bias, residual, seed, p, backend=None):
+    return torch.empty_like(x, dtype=residual.dtype, memory_format=torch.contiguous_format)
+
+
+def _backward_body(
+    grad: torch.Tensor,
+    seed: torch.Tensor | None,
+    p: float,
+    x_dtype: torch.dtype,
+    bias_dtype: torch.dtype | None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # x's dtype decides as much as grad's (its gradient is written in it): a float64 x ran its
+    # forward on the reference, and so does its backward (the same mask on every backend).
+    if x_dtype in dispatch.KERNEL_DTYPES or dispatch.requested(backend) is not None:
+        impl = dispatch.select(NAME, grad, backend=backend)
+    else:
+        impl = reference
+    grad_x, grad_bias = impl.backward(grad.contiguous(), seed, p, x_dtype, bias_dtype)
+    # custom ops return tensors only: an absent gradient travels as an empty tensor
+    return grad_x, grad_bias if grad_bias is not None else grad.new_empty((0,))
+
+
+def _backward_fake(grad, seed, p, x_dtype, bias_dtype, backend=None):
+    grad_x = torch.empty_like(grad, dtype=x_dtype, memory_format=torch.contiguous_format)
+    if bias_dtype is None:
+        return grad_x, grad.new_empty((0,))
+    return grad_x, grad.new_empty((grad.shape[-1] if grad.dim() else 1,), dtype=bias_dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    x, bias, _, seed, p, backend = inputs
+    ctx.save_for_backward(seed)
+    ctx.p = p
+    ctx.x_dtype = x.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
+    ctx.backend = dispatch.requested(backend)
+
+
+def _grads(ctx, backward, grad):
+    (seed,) = ctx.saved_tensors
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        grad_x, grad_bias = backward(grad, seed, ctx.p, ctx.x_dtype, ctx.bias_dtype, ctx.backend)
+    if ctx.bias_dtype is None:
+        grad_bias = None
+    return grad_x, grad_bias, grad, None, None, None
+
+
+BIAS_DROPOUT_ADD = define_op(
+    NAME,
+    forward=_forward,
+    fake=_forward_fake,
+    backward=_backward_body,
+    backward_fake=_backward_fake,
+    setup_context=_setup_context,
+    grads=_grads,
+)
+
+# ------------------------------------------------------------------------------------------
+# Public functions
+
+
+def _check_probability(p, name: str) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1], got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # NaN fails too
+        raise ValueError(f"{name} must be in [0, 1], got {p}")
+    return p
+
+
+def draw_seed(device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A fresh ``[key, offset]`` int64 tensor on ``device`` from ``generator`` (default: the
+    device's default generator), advancing it; no host synchronisation."""
+    return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64, device=device, generator=generator)
+
+
+def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names):
+    x_name, bias_name, residual_name, p_name = names
+    check_tensor(x, x_name)
+    check_tensor(residual, residual_name)
+    if bias is not None:
+        check_tensor(bias, bias_name)
+    p = _check_probability(p, p_name)
+    check_same_device(x, x_name, **{bias_name: bias, residual_name: residual})
+    width = x.shape[-1] if x.dim() else 1
+    if bias is not None and (bias.numel() != width or any(s != 1 for s in bias.shape[:-1])):
+        raise ValueError(
+            f"{bias_name} has shape {tuple(bias.shape)}; expected ({width},), the last dim of "
+            f"{x_name} {tuple(x.shape)}"
+        )
+    try:
+        broadcast = torch.broadcast_shapes(residual.shape, x.shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != x.shape:
+        raise ValueError(
+            f"{residual_name} has shape {tuple(residual.shape)}, which does not broadcast to "
+            f"the shape of {x_name} {tuple(x.shape)}"
+        )
+    rate = p if training else 0.0
+    seed = None
+    if 0.0 < rate < 1.0:
+        if generator is not None and generator.device != x.device:
+            raise ValueError(f"generator is on {generator.device} but {x_name} is on {x.device}")
+        seed = draw_seed(x.device, generator)
+    if residual.shape != x.shape:
+        residual = residual.expand(x.shape)
+    if bias is not None:
+        bias = bias.reshape(width).contiguous()
+    return BIAS_DROPOUT_ADD(x.contiguous(), bias, residual.contiguous(), seed, rate, backend)
+
+
+def bias_dropout_add(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    p: float,
+    training: bool = True,
+    generator: torch.Generator | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``residual + dropout(x + bias, p)`` fused: one kernel, no mask saved for the backward.
+
+    x: (..., H) float16/bfloat16/float32 (float64 on the reference backend); bias: (H,) or None;
+    residual: broadcastable to x's shape, any float dtype (x and bias are converted to it).
+    p: drop probability in [0, 1]; training=False (or p=0) returns x + bias + residual and
+    draws no random numbers. generator: where the seed comes from (default: the default
+    generator of x's device). Returns a contiguous tensor of x's shape and residual's dtype.
+    Differentiable in x, bias and residual; works under torch.compile and torch.export.
+    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    """
+    names = ("x", "bias", "residual", "p")
+    return _bias_dropout_add(x, bias, residual, p, training, generator, backend, names)
+
+
+def _split_x_with_bias(x_with_bias):
+    if not isinstance(x_with_bias, (tuple, list)) or len(x_with_bias) != 2:
+        raise TypeError(f"x_with_bias must be a pair (x, bias), got {type(x_with_bias).__name__}")
+    return x_with_bias
+
+
+_MEGATRON_NAMES = ("x_with_bias[0]", "x_with_bias[1]", "residual", "prob")
+
+
+def bias_dropout_add_fused_train(x_with_bias, residual: torch.Tensor, prob: float):
+    """Megatron-LM's name: ``residual + dropout(x + bias, prob)`` in training mode, with
+    ``x_with_bias = (x, bias)`` (bias may be None). Shapes and dtypes as ``bias_dropout_add``."""
+    x, bias = _split_x_with_bias(x_with_bias)
+    return _bias_dropout_add(x, bias, residual, prob, True, None, None, _MEGATRON_NAMES)
+
+
+def bias_dropout_add_fused_inference(x_with_bias, residual: torch.Tensor, prob: float):
+    """Megatron-LM's name: ``residual + x + bias`` (inference: no dropout; prob is checked)."""
+    x, bias = _split_x_with_bias(x_with_bias)
+    return _bias_dropout_add(x, bias, residual, prob, False, None, None, _MEGATRON_NAMES)
+
+
+def dropout_add(x, to_add, drop_rate, training: bool):
+    """``to_add + dropout(x, drop_rate)`` (no bias), with the seed runtime's argument names."""
+    names = ("x", "bias", "to_add", "drop_rate")
+    return _bias_dropout_add(x, None, to_add, drop_rate, training, None, None, names)

@@ -1,0 +1,418 @@
+"""Bias-dropout-add against its float64 reference on every backend available here, the Philox
+mask (statistics, bit-identical on every backend), the backward's mask, the edge cases of p,
+the module and the functional names, torch.compile / export, and bad inputs."""
+
+import math
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.ops import philox
+from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, reference
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    non_contiguous,
+    random_tensor,
+)
+
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
+KERNELS = [b for b in BACKENDS if b != "reference"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (shape, with bias): quads aligned with rows (H % 4 == 0) or not, one row, larger than a tile
+SHAPES = [
+    ((1,), True),
+    ((1, 1), True),
+    ((7,), False),
+    ((3, 5, 7), True),
+    ((3, 5, 7), False),
+    ((4, 36), True),
+    ((2, 2050), True),
+    ((1025,), False),
+    ((0,), True),
+    ((4, 0, 3), True),
+    ((3, 0), True),
+]
+P = 0.3
+
+
+def _seed_of_next_call(seed: int) -> torch.Tensor:
+    """The seed an op called right after ``torch.manual_seed(seed)`` draws."""
+    torch.manual_seed(seed)
+    return draw_seed(torch.device(DEVICE))
+
+
+def _inputs(shape, dtype, with_bias, residual_dtype=None):
+    x = random_tensor(shape, dtype, DEVICE).requires_grad_()
+    bias = random_tensor(shape[-1:], dtype, DEVICE).requires_grad_() if with_bias else None
+    residual = random_tensor(shape, residual_dtype or dtype, DEVICE).requires_grad_()
+    return x, bias, residual
+
+
+def _expected(x, bias, residual, grad, seed, p):
+    """The float64 reference output and gradients (x, bias, residual) for this seed."""
+    x64, r64 = x.detach().double(), residual.detach().double()
+    b64 = None if bias is None else bias.detach().double()
+    out = reference.forward(x64, b64, r64, seed, p)
+    bias_dtype = None if bias is None else torch.float64
+    grad_x, grad_bias = reference.backward(grad.double(), seed, p, torch.float64, bias_dtype)
+    return out, grad_x, grad_bias, grad.double()
+
+
+def _run(backend, x, bias, residual, grad, seed_value, p=P, **kwargs):
+    torch.manual_seed(seed_value)
+    out = fusedops.bias_dropout_add(x, bias, residual, p, backend=backend, **kwargs)
+    out.backward(grad)
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("shape", "with_bias"), SHAPES)
+def test_forward_backward_match_reference(backend, dtype, shape, with_bias):
+    x, bias, residual = _inputs(shape, dtype, with_bias)
+    grad = random_tensor(shape, dtype, DEVICE)
+    out = _run(backend, x, bias, residual, grad, 7)
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(7), P)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, want[0], msg="out")
+    assert_close(x.grad, want[1], msg="grad_x")
+    if bias is not None:
+        rows = max(1, x.numel() // max(shape[-1], 1))
+        assert_close(bias.grad, want[2], scale=math.sqrt(rows), msg="grad_bias")
+    assert_close(residual.grad, want[3], msg="grad_residual")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wider_residual_upcasts_x_and_bias(backend, dtype):
+    """An fp32 residual stream with 16-bit x and bias: fp32 output, gradients in each input's
+    own dtype."""
+    x, bias, residual = _inputs((5, 12), dtype, True, residual_dtype=torch.float32)
+    grad = random_tensor((5, 12), torch.float32, DEVICE)
+    out = _run(backend, x, bias, residual, grad, 3)
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(3), P)
+    assert out.dtype == torch.float32
+    assert (x.grad.dtype, bias.grad.dtype, residual.grad.dtype) == (dtype, dtype, torch.float32)
+    assert_close(out, want[0], dtype=torch.float32)
+    assert_close(x.grad, want[1])
+    assert_close(bias.grad, want[2])
+    assert_close(residual.grad, want[3])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs_and_broadcast_residual(backend):
+    base = random_tensor((6, 20), torch.float32, DEVICE)
+    x = non_contiguous(base).requires_grad_()
+    bias = random_tensor((1, 20), torch.float32, DEVICE).requires_grad_()  # (1, H) bias
+    residual = random_tensor((20,), torch.float32, DEVICE).requires_grad_()  # broadcasts
+    grad = non_contiguous(random_tensor((6, 20), torch.float32, DEVICE))
+    assert not x.is_contiguous() and not grad.is_contiguous()
+    out = _run(backend, x, bias, residual, grad, 11)
+    seed = _seed_of_next_call(11)
+    full_residual = residual.detach().expand(6, 20)
+    want = _expected(base, bias.reshape(20), full_residual, grad, seed, P)
+    assert_close(out, want[0])
+    assert_close(x.grad, want[1])
+    assert bias.grad.shape == (1, 20) and residual.grad.shape == (20,)
+    assert_close(bias.grad, want[2].view(1, 20))
+    assert_close(residual.grad, grad.double().sum(0))
+
+
+def _kept_output(backend, shape, p, seed, with_bias=True):
+    """The output of ones + 0 bias + 0 residual: scale where kept, 0 where dropped."""
+    x = torch.ones(shape, device=DEVICE)
+    bias = torch.zeros(shape[-1:], device=DEVICE) if with_bias else None
+    residual = torch.zeros(shape, device=DEVICE)
+    generator = torch.Generator(DEVICE).manual_seed(seed)
+    return fusedops.bias_dropout_add(x, bias, residual, p, generator=generator, backend=backend)
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize(
+    ("shape", "with_bias"), [((9, 37), True), ((8, 64), True), ((999,), False)]
+)
+def test_kernel_masks_equal_the_reference_bit_for_bit(backend, shape, with_bias):
+    """The same (seed, offset) gives the same mask on the kernel as in the reference's integer
+    arithmetic, on both of the kernels' mask paths (quads along rows or per element)."""
+    for p in (0.1, 0.5, 0.9):
+        out = _kept_output(backend, shape, p, seed=5, with_bias=with_bias)
+        want = _kept_output("reference", shape, p, seed=5, with_bias=with_bias)
+        assert torch.equal(out, want), p
+
+
+def test_mask_is_philox_words_against_the_threshold():
+    """The reference's mask is its own definition: words of counter offset + i // 4, kept iff
+    >= floor(p * 2^32); Philox4x32-10 matches the published known-answer vectors."""
+
+    def words(*values):
+        return [int(w) for w in philox.philox4x32_10(*torch.tensor(values))]
+
+    counter, key = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)
+    assert words(*counter, *key) == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    assert words(0, 0, 0, 0, 0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    # seed [key 12345, offset 678]: elements 8..11 take the words of counter 678 + 2
+    mask = keep_mask(torch.tensor([12345, 678]), 0.5, 12)
+    assert mask[8:12].tolist() == [w >= 2**31 for w in words(678 + 2, 0, 0, 0, 12345, 0)]
+    assert philox.keep_threshold(0.25) == 2**30 and philox.keep_threshold(1.0) == 2**32
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_kept_fraction_and_scale(p):
+    """Over 1e6 elements the kept fraction is within 4 standard deviations of 1 - p, and kept
+    values are x * 1 / (1 - p) exactly (float64 reference; fp32 and the interpreted Triton
+    kernel on 2^16 elements)."""
+    cases = [("reference", torch.float64, 10**6)]
+    cases += [(backend, torch.float32, 2**16) for backend in KERNELS]
+    for backend, dtype, n in cases:
+        x = torch.ones(n, dtype=dtype, device=DEVICE)
+        out = fusedops.bias_dropout_add(x, None, torch.zeros_like(x), p, backend=backend)
+        kept = out != 0
+        fraction = kept.double().mean().item()
+        assert abs(fraction - (1 - p)) <= 4 * math.sqrt(p * (1 - p) / n), (backend, fraction)
+        scale = torch.tensor(1 / (1 - p), dtype=torch.float64).to(dtype)
+        assert torch.all(out[kept] == scale), backend
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_seed_same_mask_different_calls_different_masks(backend):
+    x = random_tensor((8, 32), torch.float32, DEVICE)
+    residual = torch.zeros_like(x)
+    torch.manual_seed(0)
+    first = fusedops.bias_dropout_add(x, None, residual, 0.5, backend=backend)
+    second = fusedops.bias_dropout_add(x, None, residual, 0.5, backend=backend)
+    torch.manual_seed(0)
+    again = fusedops.bias_dropout_add(x, None, residual, 0.5, backend=backend)
+    assert torch.equal(first, again)
+    assert not torch.equal(first == 0, second == 0)
+    # generator=: reproducible on its own, and the default generator is left alone
+    state = torch.random.get_rng_state()
+    outs = [_kept_output(backend, (8, 32), 0.5, seed=9) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(6, 40), (5, 7)])
+def test_backward_mask_equals_forward_mask(backend, shape):
+    """grad_x is 0 exactly where the output took no x, scale * grad where it did; grad_bias is
+    grad_x summed over the leading dims."""
+    x, bias, _ = _inputs(shape, torch.float32, True)
+    residual = torch.zeros(shape, device=DEVICE)
+    out = fusedops.bias_dropout_add(x, bias, residual, 0.4, backend=backend)
+    grad = random_tensor(shape, torch.float32, DEVICE)
+    out.backward(grad)
+    took_x = out != 0  # x + bias is never exactly 0 here with probability 1
+    assert torch.all(x.grad[~took_x] == 0)
+    assert_close(x.grad[took_x], grad[took_x].double() / 0.6)
+    assert_close(bias.grad, x.grad.double().sum(0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_p0_p1_and_inference_are_exact_and_draw_nothing(backend):
+    x, bias, residual = _inputs((4, 12), torch.float32, True)
+    plain = (x + bias) + residual
+    state = torch.random.get_rng_state()
+    for p, training in ((0.0, True), (0.7, False)):
+        out = fusedops.bias_dropout_add(x, bias, residual, p, training=training, backend=backend)
+        assert torch.equal(out, plain)
+    out = fusedops.bias_dropout_add(x, bias, residual, 1.0, backend=backend)
+    assert torch.equal(out, residual)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    assert torch.equal(bias.grad, torch.zeros_like(bias))
+    assert torch.equal(residual.grad, torch.ones_like(residual))
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_info_lists_the_op():
+    """``python -m fusedops info`` prints every op of this table."""
+    fusedops.ops.load_all()
+    assert "bias_dropout_add" in fusedops.dispatch.availability()
+
+
+def test_module_train_eval_and_state_dict():
+    module = fusedops.nn.BiasDropoutAdd(0.5)
+    assert module.state_dict() == {} and "p=0.5" in repr(module)
+    x, bias, residual = _inputs((4, 16), torch.float32, True)
+    torch.manual_seed(2)
+    out = module(x, bias, residual)
+    torch.manual_seed(2)
+    assert torch.equal(out, fusedops.bias_dropout_add(x, bias, residual, 0.5))
+    assert torch.equal(module.eval()(x, bias, residual), (x + bias) + residual)
+
+
+def test_megatron_and_seed_runtime_names():
+    x, bias, residual = _inputs((3, 8), torch.float32, True)
+    torch.manual_seed(4)
+    out = fusedops.bias_dropout_add_fused_train((x, bias), residual, 0.2)
+    torch.manual_seed(4)
+    assert torch.equal(out, fusedops.bias_dropout_add(x, bias, residual, 0.2))
+    inference = fusedops.bias_dropout_add_fused_inference((x, None), residual, 0.2)
+    assert torch.equal(inference, x + residual)
+    torch.manual_seed(4)
+    out = fusedops.nn.dropout_add_fused_train(x, residual, 0.2)
+    torch.manual_seed(4)
+    assert torch.equal(out, fusedops.bias_dropout_add(x, None, residual, 0.2))
+    assert torch.equal(fusedops.nn.dropout_add_fused(x, residual, 0.2), x + residual)
+
+
+def test_gradcheck_reference():
+    x = random_tensor((3, 8), torch.float64, "cpu").requires_grad_()
+    bias = random_tensor((8,), torch.float64, "cpu").requires_grad_()
+    residual = random_tensor((3, 8), torch.float64, "cpu").requires_grad_()
+
+    def fn(x, bias, residual):
+        generator = torch.Generator().manual_seed(1)  # the same mask on every call
+        return fusedops.bias_dropout_add(
+            x, bias, residual, 0.3, generator=generator, backend="reference"
+        )
+
+    assert torch.autograd.gradcheck(fn, (x, bias, residual))
+
+
+class Block(torch.nn.Module):
+    """h = x W^T, then x + dropout(h + b) through fusedops.nn.BiasDropoutAdd."""
+
+    def __init__(self, dim=8, p=0.25):
+        super().__init__()
+        self.linear = torch.nn.Linear(dim, dim)
+        self.drop_add = fusedops.nn.BiasDropoutAdd(p)
+
+    def forward(self, x):
+        h = torch.nn.functional.linear(x, self.linear.weight)
+        return self.drop_add(h, self.linear.bias, x)
+
+
+def test_torch_compile_no_graph_break_same_mask_as_eager():
+    torch._dynamo.reset()
+    model = Block().to(DEVICE)
+    x = random_tensor((5, 8), torch.float32, DEVICE).requires_grad_()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(6)
+    out = compiled(x)
+    out.sum().backward()
+    grads = [x.grad.clone(), model.linear.bias.grad.clone()]
+    x.grad = None
+    model.zero_grad()
+    torch.manual_seed(6)
+    want = model(x)
+    want.sum().backward()
+    assert torch.equal(out, want)
+    assert torch.equal(grads[0], x.grad) and torch.equal(grads[1], model.linear.bias.grad)
+
+
+def test_opcheck():
+    x, bias, residual = _inputs((3, 8), torch.float32, True)
+    seed = draw_seed(x.device)
+    op = torch.ops.fusedops.bias_dropout_add.default
+    for args in ((x, bias, residual, seed, 0.3, None), (x, None, residual, None, 0.0, None)):
+        torch.library.opcheck(op, args)
+    grad = random_tensor((3, 8), torch.float32, DEVICE)
+    backward = torch.ops.fusedops.bias_dropout_add_backward.default
+    torch.library.opcheck(backward, (grad, seed, 0.3, torch.float32, torch.float32, None))
+
+
+def test_torch_export_keeps_the_custom_op():
+    model = Block()
+    x = random_tensor((2, 8), torch.float32, "cpu")
+    exported = torch.export.export(model, (x,))
+    assert "fusedops.bias_dropout_add" in str(exported.graph)
+    torch.manual_seed(8)
+    got = exported.module()(x)
+    torch.manual_seed(8)
+    assert torch.equal(got, model(x))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r, "0.1"), TypeError, "p must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r, 1.5), ValueError, "p must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r, -0.1), ValueError, "p must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r, math.nan), ValueError, "p must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r, True), TypeError, "p must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b[:3], r, 0.1), ValueError, "bias has"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r[:, :3], 0.1), ValueError, "residual"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r.T, 0.1), ValueError, "residual"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x.long(), b, r, 0.1), TypeError, "x has"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b.int(), r, 0.1), TypeError, "bias has"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r.long(), 0.1), TypeError, "residual"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b, r.to("meta"), 0.1), ValueError,
+         "residual is on meta"),
+        (lambda x, b, r: fusedops.bias_dropout_add(x, b.to("meta"), r, 0.1), ValueError,
+         "bias is on meta"),
+        (lambda x, b, r: fusedops.bias_dropout_add([1.0], b, r, 0.1), TypeError, "x must be"),
+        (lambda x, b, r: fusedops.bias_dropout_add_fused_train(x, r, 0.1), TypeError,
+         "x_with_bias"),
+        (lambda x, b, r: fusedops.bias_dropout_add_fused_train((x, b), r, 2), ValueError,
+         "prob must be"),
+        (lambda x, b, r: fusedops.nn.dropout_add_fused_train(x, r[:1, :2], 0.1), ValueError,
+         "to_add"),
+        (lambda x, b, r: fusedops.nn.dropout_add_fused(x, r, None), TypeError, "drop_rate"),
+        (lambda x, b, r: fusedops.nn.BiasDropoutAdd(7), ValueError, "p must be"),
+    ],
+)  # fmt: skip
+def test_bad_inputs_name_the_argument(call, error, match):
+    x, bias, residual = torch.ones(4, 6), torch.ones(6), torch.ones(4, 6)
+    with pytest.raises(error, match=match):
+        call(x, bias, residual)
+
+
+def test_generator_on_another_device_is_named():
+    x = torch.ones(3, device="meta")
+    with pytest.raises(ValueError, match="generator is on cpu but x is on meta"):
+        fusedops.bias_dropout_add(x, None, x, 0.5, generator=torch.Generator())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "with_bias"), [((33, 1028), True), ((7, 9), True), ((4097,), False)]
+)
+def test_gpu_backends_and_cpu_reference_share_the_mask(dtype, shape, with_bias):
+    """The same generator seed gives the same mask from the CUDA kernel, the Triton kernel and
+    the reference, on the GPU and on the CPU."""
+    seed = draw_seed(torch.device("cuda"), torch.Generator("cuda").manual_seed(3))
+    x = torch.ones(shape, dtype=dtype, device="cuda")
+    bias = torch.zeros(shape[-1:], dtype=dtype, device="cuda") if with_bias else None
+    residual = torch.zeros(shape, dtype=dtype, device="cuda")
+    op = fusedops.ops.bias_dropout_add.BIAS_DROPOUT_ADD
+    want = op(x.cpu(), None if bias is None else bias.cpu(), residual.cpu(), seed.cpu(), 0.5,
+              "reference")  # fmt: skip
+    for backend in ("cuda", "triton", "reference"):
+        out = op(x, bias, residual, seed, 0.5, backend)
+        assert torch.equal(out.cpu(), want), backend
+
+
+@pytest.mark.gpu
+def test_cuda_is_picked_automatically_and_runs_without_host_sync():
+    x, bias, residual = _inputs((64, 256), torch.bfloat16, True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = fusedops.bias_dropout_add(x, bias, residual, 0.1)
+        out.backward(torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert fusedops.dispatch.last_used["bias_dropout_add"] == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_misaligned_and_wide_rows(backend):
+    """Storage offsets that break 16-byte alignment (the CUDA kernel's scalar path), and rows
+    wider than a block (several column blocks in the backward)."""
+    for shape in ((3, 4100), (5, 9000)):
+        n = math.prod(shape)
+        x = random_tensor((n + 1,), torch.float16, "cuda")[1:].view(shape).requires_grad_()
+        bias = random_tensor(shape[-1:], torch.float16, "cuda").requires_grad_()
+        residual = random_tensor((n + 1,), torch.float16, "cuda")[1:].view(shape)
+        grad = random_tensor(shape, torch.float16, "cuda")
+        out = _run(backend, x, bias, residual, grad, 13)
+        want = _expected(x, bias, residual, grad, _seed_of_next_call(13), P)
+        assert_close(out, want[0])
+        assert_close(x.grad, want[1])
+        assert_close(bias.grad, want[2], scale=math.sqrt(shape[0]))

@@ -21,6 +21,7 @@ from fusedops.testing import (
     device_under_test,
     random_tensor,
 )
+from tests.test_layer_norm import _force_looped
 
 pytest.importorskip("transformers")
 
@@ -174,17 +175,9 @@ def test_the_rounding_check_can_fail():
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("case", ["llama", "t5"])
 def test_variant_on_the_looped_path(monkeypatch, case, backend):
-    """Rows longer than the register threshold (lowered here) take the kernels' looped path."""
-    if backend == "triton":
-        from fusedops.kernels.triton import layer_norm as kernels
-
-        monkeypatch.setattr(kernels, "MAX_FUSED_N", 16)
-        monkeypatch.setattr(kernels, "MAX_FUSED_N_FORWARD", 16)
-        monkeypatch.setattr(kernels, "LOOP_BLOCK_N", 16)
-    else:
-        from fusedops.kernels.cuda import layer_norm as kernels
-
-        monkeypatch.setattr(kernels, "MAX_REGISTER_N", 16)
+    """Rows longer than the register threshold (lowered to 32 < HIDDEN) take the kernels'
+    looped path."""
+    _force_looped(monkeypatch, backend)
     weight_dtype = torch.bfloat16 if case == "t5" else torch.float32
     original, fused = _pair(case, weight_dtype)
     x = random_tensor((7, HIDDEN), torch.float32 if case == "t5" else torch.bfloat16, DEVICE)

@@ -9,11 +9,10 @@ imported before the hook was enabled keeps its own reference. Nothing here impor
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from fusedops.hooks import lib_torch  # noqa: F401  (defines the hooks contributed to)
-from fusedops.hooks.machinery import Target, contribute, resolve
+from fusedops.hooks.machinery import Target, contribute, installed, resolve
 
 _DEFINED_IN = "open_clip.transformer"
 #: Where open_clip holds the class: its module first, then the modules importing it by name.
@@ -21,10 +20,7 @@ _LOCATIONS = (_DEFINED_IN, "open_clip.model", "open_clip.coca_model")
 
 
 def _installed() -> bool:
-    try:
-        return importlib.util.find_spec("open_clip") is not None
-    except (ImportError, ValueError):
-        return False
+    return installed("open_clip")
 
 
 def _fused(original: type) -> type:

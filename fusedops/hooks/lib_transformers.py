@@ -19,12 +19,10 @@ skipped silently (the targets are optional).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any
 
 from fusedops.hooks import lib_torch  # noqa: F401  (defines the hooks contributed to)
-from fusedops.hooks.machinery import Target, contribute, resolve
+from fusedops.hooks.machinery import Target, contribute, installed, resolve
 
 _ACTIVATIONS = "transformers.activations"
 _QUICK_GELU = "QuickGELUActivation"
@@ -34,11 +32,7 @@ _QUICK_GELU_IMPORTERS = ("transformers.models.bridgetower.modeling_bridgetower",
 
 
 def _installed() -> bool:
-    """Whether transformers can be imported (found without importing it)."""
-    try:
-        return importlib.util.find_spec("transformers") is not None
-    except (ImportError, ValueError):
-        return False
+    return installed("transformers")
 
 
 def _fused_quick_gelu(original: Any) -> Any:

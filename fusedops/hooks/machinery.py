@@ -255,11 +255,11 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 _finder = _PatchOnImport()
 
 
-def _importable(module: str) -> bool:
-    """Whether the top-level package of ``module`` can be found now (without importing it)."""
-    top = module.partition(".")[0]
+def installed(package: str) -> bool:
+    """Whether the top-level package ``package`` is imported or can be found now (without
+    importing it): the library modules contribute targets only for installed libraries."""
     try:
-        return top in sys.modules or importlib.util.find_spec(top) is not None
+        return package in sys.modules or importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):
         return False
 
@@ -269,11 +269,11 @@ def _schedule(hook: Hook, target: Target, check_importable: bool) -> None:
     if _imported(trigger):
         _apply(hook, target)
         return
-    if check_importable and not target.optional and not _importable(target.module):
+    top = target.module.partition(".")[0]
+    if check_importable and not target.optional and not installed(top):
         warnings.warn(
             f"fusedops hook {hook.name!r}: cannot patch {target.location}: no module named "
-            f"{target.module.partition('.')[0]!r} can be imported now (the patch waits for an "
-            "import of it)",
+            f"{top!r} can be imported now (the patch waits for an import of it)",
             stacklevel=4,
         )
     _pending.setdefault(trigger, []).append((hook, target))

@@ -4,7 +4,10 @@ M = 4096 rows, N in {512 ... 65536}, fp32 and bf16 (weight and bias in the input
 GB/s counts the bytes the op must move: forward reads x and writes y (2 passes of M*N), backward
 reads dy and x and writes dx (3 passes); "both" is forward then backward (5 passes). Parameters,
 statistics and the partial rows of dweight/dbias are not counted. % is of this device's measured
-copy bandwidth. Run: ``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|all]``.
+copy bandwidth. ``llama_rms_norm`` is transformers' LlamaRMSNorm math (xhat rounded to x's dtype
+before the weight multiply; what the rms_norm hook swaps in for it): eager is that class's
+forward, written out. Run:
+``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|llama_rms_norm|all]``.
 """
 
 from __future__ import annotations
@@ -28,12 +31,23 @@ M = 4096
 SIZES = [512, 768, 1024, 2048, 4096, 8192, 16384, 65536]
 DTYPES = [torch.float32, torch.bfloat16]
 PASSES = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
+OPS = ["layer_norm", "rms_norm", "llama_rms_norm"]
+LLAMA_EPS = 1e-6
+
+
+def _llama_rms_norm(x, w, b):
+    """LlamaRMSNorm's forward: fp32 statistics, xhat cast to x's dtype, then the weight."""
+    h = x.float()
+    h = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + LLAMA_EPS)
+    return w * h.to(x.dtype)
 
 
 def eager(op: str):
     """torch's own op: (x, w, b) -> y."""
     if op == "layer_norm":
         return lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b)
+    if op == "llama_rms_norm":
+        return _llama_rms_norm
     return lambda x, w, b: F.rms_norm(x, x.shape[-1:], w)
 
 
@@ -42,6 +56,16 @@ def fused(op: str, backend: str):
 
     if op == "layer_norm":
         return lambda x, w, b: fusedops.layer_norm(x, x.shape[-1], w, b, backend=backend)
+    if op == "llama_rms_norm":
+        return lambda x, w, b: fusedops.rms_norm(
+            x,
+            x.shape[-1],
+            w,
+            LLAMA_EPS,
+            backend=backend,
+            out_dtype=torch.promote_types(x.dtype, w.dtype),
+            xhat_dtype=x.dtype,
+        )
     return lambda x, w, b: fusedops.rms_norm(x, x.shape[-1], w, backend=backend)
 
 
@@ -90,12 +114,12 @@ def make_inputs(n: int, dtype: torch.dtype):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--op", choices=["layer_norm", "rms_norm", "all"], default="all")
+    parser.add_argument("--op", choices=[*OPS, "all"], default="all")
     args = parser.parse_args()
     require_cuda("bench_layer_norm")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
-    ops = ["layer_norm", "rms_norm"] if args.op == "all" else [args.op]
+    ops = OPS if args.op == "all" else [args.op]
     rows = []
     for op in ops:
         for dtype in DTYPES:

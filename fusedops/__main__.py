@@ -18,7 +18,8 @@ def _version(package: str) -> str:
 
 
 def info() -> int:
-    """Print versions, the device, and the op x backend availability table with reasons."""
+    """Print versions, the device, the op x backend availability table with reasons, and
+    the hooks' report when hooks are enabled."""
     import torch
 
     from fusedops import __version__, dispatch, ops
@@ -49,6 +50,12 @@ def info() -> int:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+    from fusedops import hooks
+
+    if hooks.enabled():
+        print()
+        print("hooks (what each patched; what waits for an import):")
+        print(hooks.report())
     return 0
 
 

@@ -11,6 +11,6 @@ import warnings
 from fusedops import hooks
 
 try:
-    hooks.enable_from_spec(os.environ.get("FUSEDOPS_HOOKS", ""))
+    hooks.enable_from_spec(os.environ.get("FUSEDOPS_HOOKS", ""), at_startup=True)
 except (ValueError, TypeError) as exc:
     warnings.warn(f"FUSEDOPS_HOOKS ignored: {exc}", stacklevel=1)

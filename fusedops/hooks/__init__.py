@@ -13,14 +13,18 @@ they are exposed, and can restore the originals::
 Enabled before the target module is imported (even before ``import torch``), a hook patches at
 import time. ``FUSEDOPS_HOOKS=a,b`` (or ``all``) enables hooks at interpreter start through the
 ``fusedops_hooks.pth`` file the package installs. ``replace_modules(model)`` converts a model
-that is already built.
+that is already built (``verbose=True`` prints how many modules of each class it swapped).
+``report()`` (or ``state()``) says what each hook patched and what waits for an import;
+``unfused(model)`` lists the modules of a model that a hook covers but that are not fused.
 
 Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
-patched (``lib_torch``, ...). Importing this package never imports torch.
+patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``). Importing this package never
+imports torch or those libraries.
 """
 
 from __future__ import annotations
 
+from fusedops.hooks import lib_open_clip, lib_transformers  # noqa: F401  (their contributions)
 from fusedops.hooks.lib_torch import (
     disable_fused_adam,
     disable_fused_adamw,
@@ -45,6 +49,9 @@ from fusedops.hooks.machinery import (
     patched,
     register_hook,
     replace_modules,
+    report,
+    state,
+    unfused,
 )
 
 __all__ = [
@@ -69,4 +76,7 @@ __all__ = [
     "patched",
     "register_hook",
     "replace_modules",
+    "report",
+    "state",
+    "unfused",
 ]

@@ -41,18 +41,11 @@ def _quick_gelu_targets(classes: Iterable[Any] = (), gelu: bool = False) -> list
         )
         gelu_cls = lambda original: resolve("fusedops.nn.quick_gelu:GELUAsQuickGELU")
         targets += [Target(m, "GELU", gelu_cls) for m in _TORCH_NN_ACTIVATION_MODULES]
-    if not targets:
-        warnings.warn(
-            "enable_quick_gelu(): no classes named and gelu=False, so nothing is patched",
-            stacklevel=4,
-        )
     return targets
 
 
 def _quick_gelu_swap(cls, classes: Iterable[Any] = (), gelu: bool = False, **_: Any):
     quick_gelu_nn = importlib.import_module("fusedops.nn.quick_gelu")
-    if cls.__dict__.get("_fusedops_fused", False):
-        return None
     if gelu and cls is importlib.import_module("torch.nn").GELU:
         return quick_gelu_nn.GELUAsQuickGELU
     names = set(_quick_gelu_class_locations(classes))
@@ -69,7 +62,8 @@ register_hook(
         targets=_quick_gelu_targets,
         module_swap=_quick_gelu_swap,
         parse_env=lambda text: {"classes": [c for c in text.split("+") if c]},
-        needs_options=True,
+        nothing_hint="no QuickGELU class of an installed library (transformers, open_clip), "
+        "no classes named and gelu=False",
     )
 )
 
@@ -77,8 +71,10 @@ register_hook(
 def enable_quick_gelu(classes: Iterable[Any] = (), *, gelu: bool = False) -> None:
     """Replace CLIP-style QuickGELU classes by fusedops' fused QuickGELU.
 
-    classes: the classes to replace, as class objects or ``"module.Class"`` paths (e.g.
-    ``"open_clip.transformer.QuickGELU"``); each is swapped for a fused subclass of itself.
+    Always covered where the library is installed: transformers' ``QuickGELUActivation`` (the
+    class and its ``ACT2CLS`` / ``ACT2FN`` entries) and open_clip's ``QuickGELU``
+    (``lib_transformers``, ``lib_open_clip``). classes: more classes to replace, as class
+    objects or ``"module.Class"`` paths; each is swapped for a fused subclass of itself.
     gelu: also replace ``torch.nn.GELU`` (a different function: warns).
     """
     enable("quick_gelu", classes=tuple(classes), gelu=gelu)
@@ -129,7 +125,9 @@ def disable_fused_layer_norm() -> None:
 
 
 def enable_fused_rms_norm() -> None:
-    """Replace ``torch.nn.RMSNorm`` everywhere torch exposes it by ``fusedops.nn.RMSNorm``."""
+    """Replace ``torch.nn.RMSNorm`` everywhere torch exposes it by ``fusedops.nn.RMSNorm``, and
+    transformers' RMSNorm-family classes (``LlamaRMSNorm``, ``T5LayerNorm``, ...; the list is
+    in ``lib_transformers``) by fused subclasses; before their import, on import."""
     enable("rms_norm")
 
 

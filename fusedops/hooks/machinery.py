@@ -1,14 +1,21 @@
 """The hooks machinery: named, reversible sets of patches, applied now or at import.
 
-A ``Hook`` replaces attributes (``Target``: module, attribute, how to make the replacement) and
-restores them on ``disable``. A hook enabled before its target module is imported (e.g. before
-``import torch``) installs a ``sys.meta_path`` finder that applies the patch the moment that
-module finishes importing, so ``from torch.nn import LayerNorm`` in model code sees the fused
-class. Targets inside torch are patched once the whole ``torch`` package has imported.
+A ``Hook`` replaces module attributes, or entries of a mapping held by a module (``Target``:
+module, attribute, optional key, how to make the replacement; e.g. transformers'
+``ACT2CLS["quick_gelu"]``), and restores them on ``disable``. A hook enabled before its target
+module is imported (e.g. before ``import torch``) installs a ``sys.meta_path`` finder that
+applies the patch the moment that module finishes importing, so ``from torch.nn import
+LayerNorm`` in model code sees the fused class. Targets inside torch are patched once the
+whole ``torch`` package has imported.
 
 One hook may patch several libraries: the module of each library (``lib_<library>.py``) adds
 its targets and module swaps to the hook with ``contribute``. This module never imports torch;
 replacements are imported when a patch is applied.
+
+Never a silent no-op: ``report()`` / ``state()`` say what each hook patched and what waits for an
+import; a named target that does not exist warns; a hook with nothing to patch warns;
+``replace_modules`` counts (and, verbose, prints) what it swapped and ``unfused(model)`` lists the
+modules a hook knows that are not fused.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.abc
+import importlib.util
+import logging
 import sys
 import threading
 import warnings
@@ -24,15 +33,56 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _lock = threading.RLock()
+_log = logging.getLogger("fusedops.hooks")
 
 
 @dataclass(frozen=True)
 class Target:
-    """Attribute ``attr`` of module ``module`` is replaced by ``make(original)``."""
+    """Attribute ``attr`` of module ``module`` is replaced by ``make(original)``; with ``key``,
+    the entry ``key`` of the mapping at ``module.attr`` is (read without the mapping's own
+    ``__getitem__``, which e.g. transformers' ``ACT2FN`` overrides to instantiate).
+    optional: a missing attribute or key is skipped without a warning (a class some versions
+    of a library do not have)."""
 
     module: str
     attr: str
     make: Callable[[Any], Any]
+    key: Any = None
+    optional: bool = False
+
+    @property
+    def location(self) -> str:
+        """``module.attr`` or ``module.attr[key]``."""
+        where = f"{self.module}.{self.attr}"
+        return where if self.key is None else f"{where}[{self.key!r}]"
+
+
+def _read_entry(mapping: Any, key: Any) -> Any:
+    return dict.__getitem__(mapping, key) if isinstance(mapping, dict) else mapping[key]
+
+
+@dataclass
+class _Patch:
+    """One applied patch: ``holder.slot`` (``holder[slot]`` for an entry) now holds
+    ``replacement`` instead of ``original``."""
+
+    location: str
+    holder: Any
+    slot: Any
+    entry: bool
+    original: Any
+    replacement: Any
+
+    def current(self) -> Any:
+        if self.entry:
+            return _read_entry(self.holder, self.slot) if self.slot in self.holder else None
+        return getattr(self.holder, self.slot, None)
+
+    def write(self, value: Any) -> None:
+        if self.entry:
+            self.holder[self.slot] = value
+        else:
+            setattr(self.holder, self.slot, value)
 
 
 @dataclass
@@ -44,6 +94,7 @@ class Hook:
     (used by ``replace_modules`` on models that are already built).
     parse_env(text) -> options, for ``FUSEDOPS_HOOKS=name:text``.
     needs_options: the hook patches nothing without options (skipped by ``all``).
+    nothing_hint: why the hook may find nothing to patch (in the warning it gives then).
     contributions: (targets, module_swap) pairs other libraries' modules added (``contribute``);
     their targets are patched with the hook's own, their swaps tried after its own.
     """
@@ -53,9 +104,10 @@ class Hook:
     module_swap: Callable[..., Any] | None = None
     parse_env: Callable[[str], dict] | None = None
     needs_options: bool = False
+    nothing_hint: str = ""
     options: dict = field(default_factory=dict)
     enabled: bool = False
-    applied: list[tuple[Any, str, Any, Any]] = field(default_factory=list)
+    applied: list[_Patch] = field(default_factory=list)
     contributions: list[tuple[Callable | None, Callable | None]] = field(default_factory=list)
 
     def all_targets(self, **options: Any) -> list[Target]:
@@ -67,7 +119,10 @@ class Hook:
         return found
 
     def swap_for(self, cls: type, **options: Any) -> Any:
-        """The fused class for a module of class ``cls`` (own swap first), or None."""
+        """The fused class for a module of class ``cls`` (own swap first), or None (also for
+        a class that is fused already)."""
+        if cls.__dict__.get("_fusedops_fused", False):
+            return None
         for swap in (self.module_swap, *(s for _, s in self.contributions)):
             fused = swap(cls, **options) if swap is not None else None
             if fused is not None:
@@ -127,18 +182,32 @@ def _imported(module: str) -> bool:
 def _apply(hook: Hook, target: Target) -> None:
     try:
         module = importlib.import_module(target.module)
-        original = getattr(module, target.attr)
-    except (ImportError, AttributeError) as exc:
-        warnings.warn(
-            f"fusedops hook {hook.name!r}: cannot patch {target.module}.{target.attr}: {exc}",
-            stacklevel=3,
+        holder, slot = module, target.attr
+        if target.key is not None:
+            holder, slot = getattr(module, target.attr), target.key
+            original = _read_entry(holder, slot)
+        else:
+            original = getattr(module, target.attr)
+    except (ImportError, AttributeError, KeyError) as exc:
+        if not target.optional:
+            warnings.warn(
+                f"fusedops hook {hook.name!r}: cannot patch {target.location}: "
+                f"{type(exc).__name__}: {exc}",
+                stacklevel=3,
+            )
+        return
+    entry = target.key is not None
+    earlier = next((p for p in hook.applied if p.replacement is original), None)
+    if earlier is not None:
+        # This location already shows our replacement (a module that imported a patched name):
+        # recorded with the true original, so that disable restores it here too.
+        hook.applied.append(
+            _Patch(target.location, holder, slot, entry, earlier.original, original)
         )
         return
-    if any(patched is original for _, _, _, patched in hook.applied):
-        return  # this location already shows our replacement
-    replacement = target.make(original)
-    setattr(module, target.attr, replacement)
-    hook.applied.append((module, target.attr, original, replacement))
+    patch = _Patch(target.location, holder, slot, entry, original, target.make(original))
+    patch.write(patch.replacement)
+    hook.applied.append(patch)
 
 
 def _apply_pending(trigger: str) -> None:
@@ -186,18 +255,40 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 _finder = _PatchOnImport()
 
 
-def _schedule(hook: Hook, target: Target) -> None:
+def installed(package: str) -> bool:
+    """Whether the top-level package ``package`` is imported or can be found now (without
+    importing it): the library modules contribute targets only for installed libraries."""
+    try:
+        return package in sys.modules or importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _schedule(hook: Hook, target: Target, check_importable: bool) -> None:
     trigger = _trigger(target.module)
     if _imported(trigger):
         _apply(hook, target)
         return
+    top = target.module.partition(".")[0]
+    if check_importable and not target.optional and not installed(top):
+        warnings.warn(
+            f"fusedops hook {hook.name!r}: cannot patch {target.location}: no module named "
+            f"{top!r} can be imported now (the patch waits for an import of it)",
+            stacklevel=4,
+        )
     _pending.setdefault(trigger, []).append((hook, target))
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
 
 
 def enable(name: str, **options: Any) -> None:
-    """Enable hook ``name`` with its options (idempotent; new options re-apply the hook)."""
+    """Enable hook ``name`` with its options (idempotent; new options re-apply the hook).
+
+    Warns when the hook has nothing to patch, and when a target's package cannot be found."""
+    _enable(name, options, check_importable=True)
+
+
+def _enable(name: str, options: dict, check_importable: bool) -> None:
     with _lock:
         hook = _get(name)
         if hook.enabled:
@@ -205,18 +296,21 @@ def enable(name: str, **options: Any) -> None:
                 return
             disable(name)
         targets = hook.all_targets(**options)  # validates options before anything changes
+        if not targets:
+            hint = f": {hook.nothing_hint}" if hook.nothing_hint else ""
+            warnings.warn(f"fusedops hook {name!r} has nothing to patch{hint}", stacklevel=4)
         hook.options, hook.enabled = dict(options), True
         for target in targets:
-            _schedule(hook, target)
+            _schedule(hook, target, check_importable)
 
 
 def disable(name: str) -> None:
     """Restore every attribute hook ``name`` patched (idempotent)."""
     with _lock:
         hook = _get(name)
-        for module, attr, original, replacement in reversed(hook.applied):
-            if getattr(module, attr, None) is replacement:
-                setattr(module, attr, original)
+        for patch in reversed(hook.applied):
+            if patch.current() is patch.replacement:
+                patch.write(patch.original)
         hook.applied.clear()
         for trigger in list(_pending):
             _pending[trigger] = [(h, t) for h, t in _pending[trigger] if h is not hook]
@@ -242,38 +336,123 @@ def patched(*names: str, **options: Any) -> Iterator[None]:
                 disable(name)
 
 
-def enable_from_spec(spec: str) -> list[str]:
-    """Enable hooks from ``FUSEDOPS_HOOKS`` syntax: ``all`` or ``name[:value],...``."""
+def enable_from_spec(spec: str, *, at_startup: bool = False) -> list[str]:
+    """Enable hooks from ``FUSEDOPS_HOOKS`` syntax: ``all`` or ``name[:value],...``.
+
+    ``all`` enables every hook that has something to patch with its default options (a hook
+    whose libraries are not installed is left disabled, without a warning). at_startup: called
+    while the interpreter starts (sys.path is not final: no importability warnings)."""
     names = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, value = item.partition(":")
         chosen = available() if name == "all" else [name]
         for each in chosen:
             hook = _get(each)
-            if name == "all" and hook.needs_options:
+            if name == "all" and (hook.needs_options or not hook.all_targets()):
                 continue
             options = hook.parse_env(value) if (value and hook.parse_env) else {}
-            enable(each, **options)
+            _enable(each, options, check_importable=not at_startup)
             names.append(each)
     return names
 
 
-def replace_modules(model, hooks: Iterable[str] | None = None, **options: Any):
+def state() -> dict[str, dict[str, Any]]:
+    """Per registered hook: ``{"enabled": bool, "patched": [locations], "waiting":
+    [locations]}``; a location is ``module.attr`` or ``module.attr[key]``, waiting ones are
+    patched when their module is imported."""
+    with _lock:
+        waiting: dict[str, list[str]] = {name: [] for name in _HOOKS}
+        for entries in _pending.values():
+            for hook, target in entries:
+                waiting[hook.name].append(target.location)
+        return {
+            name: {
+                "enabled": hook.enabled,
+                "patched": [patch.location for patch in hook.applied],
+                "waiting": waiting[name],
+            }
+            for name, hook in sorted(_HOOKS.items())
+        }
+
+
+def report(verbose: bool = False) -> str:
+    """What each hook patched and what waits for an import, as text (``python -m fusedops
+    info`` prints it when hooks are enabled). verbose: list every waiting location, not only
+    a count per package past eight of them."""
+    lines = []
+    for name, hook_state in state().items():
+        if not hook_state["enabled"]:
+            lines.append(f"{name}: not enabled")
+            continue
+        patched, waiting = hook_state["patched"], hook_state["waiting"]
+        lines.append(f"{name}: enabled, {len(patched)} patched, {len(waiting)} waiting for import")
+        lines += [f"  patched {location}" for location in patched]
+        if verbose or len(waiting) <= 8:
+            lines += [f"  waiting {location}" for location in waiting]
+        else:
+            packages: dict[str, int] = {}
+            for location in waiting:
+                top = location.partition(".")[0]
+                packages[top] = packages.get(top, 0) + 1
+            counts = ", ".join(f"{top}: {n}" for top, n in sorted(packages.items()))
+            lines.append(f"  waiting: {counts} (report(verbose=True) lists them)")
+    return "\n".join(lines)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def replace_modules(
+    model,
+    hooks: Iterable[str] | None = None,
+    *,
+    verbose: bool = False,
+    counts: dict[str, int] | None = None,
+    **options: Any,
+):
     """Swap the modules of a built ``model`` for fused subclasses, in place, keeping weights.
 
     Each matching submodule's class is changed to the fused subclass (parameters, buffers,
     registered hooks and the optimizer's references stay as they are). ``hooks`` names the
     hooks whose swaps apply (default: all); ``options`` go to each hook (e.g. ``classes=`` and
-    ``gelu=True`` for quick_gelu). Returns ``model``.
+    ``gelu=True`` for quick_gelu). Returns ``model`` (``model = replace_modules(model)`` works).
+
+    How many modules of each class were swapped (``{"module.Class": n}``, the class before the
+    swap) is logged on the ``fusedops.hooks`` logger at INFO, printed when ``verbose``, and
+    added to ``counts`` when a dict is passed.
     """
     chosen = [_get(name) for name in (available() if hooks is None else hooks)]
+    swapped: dict[str, int] = {}
     for module in model.modules():
         for hook in chosen:
             fused = hook.swap_for(type(module), **options)
             if fused is not None:
+                name = _qualified(type(module))
+                swapped[name] = swapped.get(name, 0) + 1
                 module.__class__ = fused
                 break
+    summary = ", ".join(f"{n} x {name}" for name, n in sorted(swapped.items())) or "nothing"
+    _log.info("replace_modules swapped %s", summary)
+    if verbose:
+        print(f"fusedops.replace_modules swapped {summary}")
+    if counts is not None:
+        for name, n in swapped.items():
+            counts[name] = counts.get(name, 0) + n
     return model
+
+
+def unfused(model, hooks: Iterable[str] | None = None, **options: Any) -> dict[str, int]:
+    """``{"module.Class": n}`` of the modules of ``model`` that a hook knows (``hooks``,
+    default all, with ``options`` as for replace_modules) but that are not fused: empty when
+    everything the hooks cover runs fused code."""
+    chosen = [_get(name) for name in (available() if hooks is None else hooks)]
+    found: dict[str, int] = {}
+    for module in model.modules():
+        if any(hook.swap_for(type(module), **options) is not None for hook in chosen):
+            name = _qualified(type(module))
+            found[name] = found.get(name, 0) + 1
+    return found
 
 
 def resolve(dotted: str) -> Any:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fusedops.nn import _fused_class
 from fusedops.ops.quick_gelu import quick_gelu
-
-_fused_subclasses: dict[type, type] = {}
 
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,20 +34,4 @@ class GELUAsQuickGELU(nn.GELU):
 def fused_subclass(original: type) -> type:
     """A subclass of a user's QuickGELU class whose forward runs ``fusedops.quick_gelu``
     (same name, constructor and state_dict; ``isinstance(m, original)`` still holds)."""
-    if original.__dict__.get("_fusedops_fused", False):
-        return original
-    fused = _fused_subclasses.get(original)
-    if fused is None:
-        fused = type(
-            original.__name__,
-            (original,),
-            {
-                "forward": _fused_forward,
-                "_fusedops_fused": True,
-                "__module__": original.__module__,
-                "__qualname__": original.__qualname__,
-                "__doc__": f"{original.__qualname__} computed by fusedops.quick_gelu.",
-            },
-        )
-        _fused_subclasses[original] = fused
-    return fused
+    return _fused_class.fused_subclass(original, _fused_forward, "fusedops.quick_gelu")

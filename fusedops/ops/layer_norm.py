@@ -6,17 +6,24 @@ inputs on the reference backend):
 - LayerNorm: ``xhat = (x - mean) * rstd``, ``rstd = 1 / sqrt(var + eps)`` (biased variance),
   ``y = xhat * weight + bias``.
 - RMSNorm: ``xhat = x * rstd``, ``rstd = 1 / sqrt(mean(x^2) + eps)``, ``y = xhat * weight``.
+  Two options reproduce the rounding of model libraries' RMSNorm classes (transformers'
+  ``LlamaRMSNorm``, ``T5LayerNorm``): ``xhat_dtype`` rounds xhat to that dtype before the weight
+  multiply (``weight * xhat.to(x.dtype)``), ``out_dtype`` stores y in that dtype (default x's;
+  fp32 for a bf16 x with an fp32 weight there). The multiply itself is in fp32 either way.
 
 Backward: ``g = dy * weight``; ``dx = (g - (xhat * mean(xhat * g) + mean(g))) * rstd`` (RMSNorm:
 without ``mean(g)``); ``dweight = sum_rows(dy * xhat)``, ``dbias = sum_rows(dy)``.
-The output has x's dtype, dweight/dbias the dtype of weight/bias (fp32 weight with bf16 x, as
-under autocast, is fine). mean and rstd are saved in fp32 for the backward.
+The output has x's dtype (RMSNorm: ``out_dtype`` when given), dweight/dbias the dtype of
+weight/bias (fp32 weight with bf16 x, as under autocast, is fine). mean and rstd are saved in fp32
+for the backward. With ``xhat_dtype``, dweight sums ``dy * xhat`` with xhat rounded as in the
+forward; dx treats the rounding as the identity (as autograd does through a cast); dy then has
+y's dtype.
 
 Every backend exposes ``layer_norm_forward(x, weight, bias, eps) -> (y, mean, rstd)``,
 ``layer_norm_backward(dy, x, weight, bias, mean, rstd) -> (dx, dweight, dbias)``,
-``rms_norm_forward(x, weight, eps) -> (y, rstd)`` and
-``rms_norm_backward(dy, x, weight, rstd) -> (dx, dweight)`` on contiguous 2-D x; gradients of
-absent parameters are None.
+``rms_norm_forward(x, weight, eps, out_dtype=None, xhat_dtype=None) -> (y, rstd)`` and
+``rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None) -> (dx, dweight)`` on contiguous 2-D x;
+gradients of absent parameters are None.
 
 Paths: under torch.compile/export (and modes, subclasses) the custom ops below; in plain eager
 mode the autograd.Functions below, or, when the CUDA backend is picked, the extension's op with
@@ -33,7 +40,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
-from fusedops.ops._checks import check_same_device, check_tensor
+from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
@@ -44,7 +51,12 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _ref_forward(x, weight, bias, eps, rms):
+def _rounded(xhat, xhat_dtype):
+    """xhat rounded to ``xhat_dtype`` (None: as it is), kept in its own dtype."""
+    return xhat if xhat_dtype is None else xhat.to(xhat_dtype).to(xhat.dtype)
+
+
+def _ref_forward(x, weight, bias, eps, rms, out_dtype=None, xhat_dtype=None):
     c = x.to(_compute_dtype(x))
     if rms:
         mean = None
@@ -55,15 +67,15 @@ def _ref_forward(x, weight, bias, eps, rms):
         centered = c - mean[:, None]
         rstd = torch.rsqrt(centered.square().mean(dim=1) + eps)
         xhat = centered * rstd[:, None]
-    y = xhat
+    y = _rounded(xhat, xhat_dtype)
     if weight is not None:
         y = y * weight.to(c.dtype)
     if bias is not None:
         y = y + bias.to(c.dtype)
-    return y.to(x.dtype), mean, rstd
+    return y.to(out_dtype or x.dtype), mean, rstd
 
 
-def _ref_backward(dy, x, weight, bias, mean, rstd, rms):
+def _ref_backward(dy, x, weight, bias, mean, rstd, rms, xhat_dtype=None):
     c = x.to(_compute_dtype(x))
     g0 = dy.to(c.dtype)
     rstd = rstd.to(c.dtype)[:, None]
@@ -73,7 +85,9 @@ def _ref_backward(dy, x, weight, bias, mean, rstd, rms):
     if not rms:
         inner = inner + g.mean(dim=1, keepdim=True)
     dx = ((g - inner) * rstd).to(x.dtype)
-    dweight = (g0 * xhat).sum(dim=0).to(weight.dtype) if weight is not None else None
+    dweight = None
+    if weight is not None:
+        dweight = (g0 * _rounded(xhat, xhat_dtype)).sum(dim=0).to(weight.dtype)
     dbias = g0.sum(dim=0).to(bias.dtype) if bias is not None else None
     return dx, dweight, dbias
 
@@ -86,13 +100,13 @@ def _ref_layer_norm_backward(dy, x, weight, bias, mean, rstd):
     return _ref_backward(dy, x, weight, bias, mean, rstd, rms=False)
 
 
-def _ref_rms_norm_forward(x, weight, eps):
-    y, _, rstd = _ref_forward(x, weight, None, eps, rms=True)
+def _ref_rms_norm_forward(x, weight, eps, out_dtype=None, xhat_dtype=None):
+    y, _, rstd = _ref_forward(x, weight, None, eps, True, out_dtype, xhat_dtype)
     return y, rstd
 
 
-def _ref_rms_norm_backward(dy, x, weight, rstd):
-    dx, dweight, _ = _ref_backward(dy, x, weight, None, None, rstd, rms=True)
+def _ref_rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None):
+    dx, dweight, _ = _ref_backward(dy, x, weight, None, None, rstd, True, xhat_dtype)
     return dx, dweight
 
 
@@ -144,13 +158,14 @@ def _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, backend):
     return impl.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
 
 
-def _rms_norm_forward(x, weight, eps, backend):
-    return dispatch.select("rms_norm", x, backend=backend).rms_norm_forward(x, weight, eps)
-
-
-def _rms_norm_backward_body(dy, x, weight, rstd, backend):
+def _rms_norm_forward(x, weight, eps, backend, out_dtype=None, xhat_dtype=None):
     impl = dispatch.select("rms_norm", x, backend=backend)
-    return impl.rms_norm_backward(dy.contiguous(), x, weight, rstd)
+    return impl.rms_norm_forward(x, weight, eps, out_dtype, xhat_dtype)
+
+
+def _rms_norm_backward_body(dy, x, weight, rstd, backend, xhat_dtype=None):
+    impl = dispatch.select("rms_norm", x, backend=backend)
+    return impl.rms_norm_backward(dy.contiguous(), x, weight, rstd, xhat_dtype)
 
 
 @torch.library.custom_op("fusedops::layer_norm", mutates_args=())
@@ -216,17 +231,25 @@ def _layer_norm_backward(ctx, dy, _dmean, _drstd):
 _layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup_context)
 
 
+# out_dtype and xhat_dtype were appended to the schemas (after backend) for the RMSNorm classes of
+# model libraries; None keeps the plain RMSNorm.
 @torch.library.custom_op("fusedops::rms_norm", mutates_args=())
 def _rms_norm_op(
-    x: torch.Tensor, weight: torch.Tensor | None, eps: float, backend: str | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    backend: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    xhat_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rms_norm_forward(x, weight, eps, backend)
+    return _rms_norm_forward(x, weight, eps, backend, out_dtype, xhat_dtype)
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, backend=None):
+def _(x, weight, eps, backend=None, out_dtype=None, xhat_dtype=None):
     stats = x.new_empty((x.shape[0],), dtype=_stats_dtype(x))
-    return torch.empty_like(x, memory_format=torch.contiguous_format), stats
+    y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
+    return y, stats
 
 
 @torch.library.custom_op("fusedops::rms_norm_backward", mutates_args=())
@@ -236,29 +259,31 @@ def _rms_norm_backward_op(
     weight: torch.Tensor | None,
     rstd: torch.Tensor,
     backend: str | None = None,
+    xhat_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, backend)
+    dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, backend, xhat_dtype)
     return dx, _grad_or_empty(dweight, x)
 
 
 @_rms_norm_backward_op.register_fake
-def _(dy, x, weight, rstd, backend=None):
+def _(dy, x, weight, rstd, backend=None, xhat_dtype=None):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     return dx, torch.empty_like(weight) if weight is not None else x.new_empty((0,))
 
 
 def _rms_norm_setup_context(ctx, inputs, output):
-    x, weight, _, backend = inputs
+    x, weight, _, backend, _, xhat_dtype = inputs
     _, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(x, weight, rstd)
     ctx.backend = dispatch.requested(backend)
+    ctx.xhat_dtype = xhat_dtype
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dweight = _rms_norm_backward_op(dy, x, weight, rstd, ctx.backend)
-    return dx, dweight if weight is not None else None, None, None
+    dx, dweight = _rms_norm_backward_op(dy, x, weight, rstd, ctx.backend, ctx.xhat_dtype)
+    return dx, dweight if weight is not None else None, None, None, None, None
 
 
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
@@ -316,11 +341,12 @@ class _RMSNormFunction(torch.autograd.Function):
     """The eager path of rms_norm (as _LayerNormFunction)."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, backend, n):
+    def forward(ctx, x, weight, eps, backend, n, out_dtype, xhat_dtype):
         rows, (w,) = _flatten(x, (weight,), n)
-        y, rstd = _rms_norm_forward(rows, w, eps, backend)
+        y, rstd = _rms_norm_forward(rows, w, eps, backend, out_dtype, xhat_dtype)
         ctx.save_for_backward(rows, w, rstd)
         ctx.backend = dispatch.requested(backend)
+        ctx.xhat_dtype = xhat_dtype
         ctx.shapes = _shapes(x, weight)
         return _as_output(y, x.shape)
 
@@ -328,8 +354,9 @@ class _RMSNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         rows, w, rstd = ctx.saved_tensors
-        grads = _rms_norm_backward_body(dy.reshape(rows.shape), rows, w, rstd, ctx.backend)
-        return (*_unflatten(grads, ctx.shapes), None, None, None)
+        dy = dy.reshape(rows.shape)
+        grads = _rms_norm_backward_body(dy, rows, w, rstd, ctx.backend, ctx.xhat_dtype)
+        return (*_unflatten(grads, ctx.shapes), None, None, None, None, None)
 
 
 # ------------------------------------------------------------------------------------------
@@ -414,6 +441,21 @@ def layer_norm(
     return y.view(x.shape)
 
 
+def _optional_dtype(value, name: str, x: torch.Tensor) -> torch.dtype | None:
+    """A float dtype argument (None: not given), checked; None where it changes nothing
+    (x's dtype for out_dtype, x's compute dtype for xhat_dtype)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype or None, got {value!r}")
+    if value not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be a floating dtype (float16/bfloat16/float32/float64)")
+    if name == "out_dtype":
+        return None if value == x.dtype else value
+    # rounding to the compute dtype or to float64 changes nothing
+    return None if value in (_compute_dtype(x), torch.float64) else value
+
+
 def rms_norm(
     x: torch.Tensor,
     normalized_shape: int | Sequence[int],
@@ -421,21 +463,30 @@ def rms_norm(
     eps: float | None = None,
     *,
     backend: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    xhat_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.rms_norm``.
 
     x: (..., *normalized_shape), float16/bfloat16/float32 (float64 on the reference backend).
     weight: normalized_shape or None, any float dtype. eps: None means ``torch.finfo(x.dtype).eps``
     (as torch). Returns a contiguous tensor of x's shape and dtype. backend: as for layer_norm.
+    out_dtype: y's dtype (default x's). xhat_dtype: round ``x * rstd`` to this dtype before the
+    fp32 weight multiply (default: no rounding). ``rms_norm(x, (n,), w, eps,
+    out_dtype=torch.promote_types(x.dtype, w.dtype), xhat_dtype=x.dtype)`` is transformers'
+    ``LlamaRMSNorm``, rounding included.
     """
     n = _row_length(x, normalized_shape, {"weight": weight})
+    out_dtype = _optional_dtype(out_dtype, "out_dtype", x)
+    xhat_dtype = _optional_dtype(xhat_dtype, "xhat_dtype", x)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     if eager_fast_path(x, weight):
-        cuda = _cuda_extension("rms_norm", x, weight, None, n, backend)
+        plain = out_dtype is None and xhat_dtype is None
+        cuda = _cuda_extension("rms_norm", x, weight, None, n, backend) if plain else None
         if cuda is not None:
             return cuda.norm_with_autograd(x, weight, None, n, float(eps), True)
-        return _RMSNormFunction.apply(x, weight, float(eps), backend, n)
+        return _RMSNormFunction.apply(x, weight, float(eps), backend, n, out_dtype, xhat_dtype)
     rows, (weight,) = _flatten(x, (weight,), n)
-    y, _ = _rms_norm_op(rows, weight, float(eps), backend)
+    y, _ = _rms_norm_op(rows, weight, float(eps), backend, out_dtype, xhat_dtype)
     return y.view(x.shape)

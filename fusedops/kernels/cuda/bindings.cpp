@@ -22,8 +22,8 @@ namespace {
 
 using fusedops::DType;
 
-DType dtype_of(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
+DType dtype_of(at::ScalarType type, const char* name) {
+  switch (type) {
     case at::kFloat:
       return DType::kFloat32;
     case at::kHalf:
@@ -31,20 +31,28 @@ DType dtype_of(const at::Tensor& t, const char* name) {
     case at::kBFloat16:
       return DType::kBFloat16;
     default:
-      TORCH_CHECK_TYPE(false, name, " has dtype ", t.scalar_type(),
+      TORCH_CHECK_TYPE(false, name, " has dtype ", type,
                        "; the CUDA kernels take float32, float16 and bfloat16");
   }
 }
 
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) {
+DType dtype_of(const at::Tensor& t, const char* name) { return dtype_of(t.scalar_type(), name); }
+
+// t: contiguous, on like's device, with like's number of elements and `dtype`.
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& like,
+                 at::ScalarType dtype) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), ", expected ",
               like.device());
   TORCH_CHECK(t.numel() == like.numel(), name, " has ", t.numel(), " elements, expected ",
               like.numel());
-  TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), name, " has dtype ", t.scalar_type(),
-                   ", expected ", like.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
+                   dtype);
+}
+
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  check_input(t, name, like, like.scalar_type());
 }
 
 void check_launch(cudaError_t status, const char* what) {
@@ -131,24 +139,45 @@ int64_t backward_partial_rows(const at::Tensor& x) {
   return std::max<int64_t>(1, std::min<int64_t>({x.size(0), 2 * int64_t{sms}, 65535}));
 }
 
+// RMSNorm variants (launchers.h, NormVariant): y / dy in x's dtype or float32 (`out_type`), xhat
+// rounded to xhat_dtype (absent or float32: not rounded; float16, bfloat16).
+fusedops::NormVariant norm_variant(const at::Tensor& x, at::ScalarType out_type, bool rms,
+                                   const std::optional<at::ScalarType>& xhat_dtype) {
+  fusedops::NormVariant variant;
+  TORCH_CHECK_TYPE(out_type == x.scalar_type() || out_type == at::kFloat,
+                   "y and dy must have x's dtype ", x.scalar_type(), " or float32, got ", out_type);
+  variant.out_fp32 = out_type != x.scalar_type();
+  if (xhat_dtype.has_value()) {
+    TORCH_CHECK(rms || *xhat_dtype == at::kFloat, "xhat_dtype is for RMSNorm only");
+    TORCH_CHECK_TYPE(*xhat_dtype == at::kFloat || *xhat_dtype == at::kHalf ||
+                         *xhat_dtype == at::kBFloat16,
+                     "xhat_dtype must be float32, float16 or bfloat16, got ", *xhat_dtype);
+    variant.xhat_dtype = dtype_of(*xhat_dtype, "xhat_dtype");
+  }
+  return variant;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, bool rms, int64_t max_register_cols,
-    bool poison) {
+    bool poison, std::optional<at::ScalarType> out_dtype = std::nullopt,
+    std::optional<at::ScalarType> xhat_dtype = std::nullopt) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
   check_input(x, "x", x);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const DType param_dtype = param_dtype_of(weight, bias, x);
+  const at::ScalarType out_type = out_dtype.value_or(x.scalar_type());
+  const fusedops::NormVariant variant = norm_variant(x, out_type, rms, xhat_dtype);
   const at::TensorOptions stats = x.options().dtype(at::kFloat);
-  at::Tensor y = new_output(x.sizes(), x.options(), poison);
+  at::Tensor y = new_output(x.sizes(), x.options().dtype(out_type), poison);
   at::Tensor mean = new_output({rms ? 0 : rows}, stats, poison);
   at::Tensor rstd = new_output({rows}, stats, poison);
   c10::cuda::CUDAGuard guard(x.device());
   check_launch(fusedops::layer_norm_forward(
                    x.const_data_ptr(), const_ptr(weight), const_ptr(bias), param_dtype,
                    y.data_ptr(), rms ? nullptr : mean.data_ptr<float>(), rstd.data_ptr<float>(),
-                   rows, cols, static_cast<float>(eps), rms, max_register_cols,
+                   rows, cols, static_cast<float>(eps), rms, variant, max_register_cols,
                    dtype_of(x, "x"), current_stream()),
                "layer_norm_forward");
   return {y, mean, rstd};
@@ -158,10 +187,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& mean,
-    const at::Tensor& rstd, bool rms, int64_t max_register_cols, bool poison) {
+    const at::Tensor& rstd, bool rms, int64_t max_register_cols, bool poison,
+    std::optional<at::ScalarType> xhat_dtype = std::nullopt) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
   check_input(x, "x", x);
-  check_input(dy, "dy", x);
+  // dy has y's dtype: x's, or float32 for an RMSNorm variant
+  check_input(dy, "dy", x, dy.scalar_type() == at::kFloat ? at::kFloat : x.scalar_type());
+  const fusedops::NormVariant variant = norm_variant(x, dy.scalar_type(), rms, xhat_dtype);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
@@ -197,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
           dy.const_data_ptr(), x.const_data_ptr(), const_ptr(weight), param_dtype,
           float_ptr(mean, "mean", rows, x), float_ptr(rstd, "rstd", rows, x), dx.data_ptr(),
           floats(dw_partial), floats(db_partial), partial_rows, data(dweight), data(dbias),
-          floats(coeffs), rows, cols, rms, max_register_cols, dtype_of(x, "x"),
+          floats(coeffs), rows, cols, rms, variant, max_register_cols, dtype_of(x, "x"),
           current_stream()),
       "layer_norm_backward");
   return {dx, dweight, dbias};
@@ -472,10 +504,12 @@ TORCH_LIBRARY(fusedops_cuda, m) {
   m.def("quick_gelu_backward(Tensor grad, Tensor x, Tensor(a!) dx) -> ()");
   m.def(
       "layer_norm_forward(Tensor x, Tensor? weight, Tensor? bias, float eps, bool rms, "
-      "int max_register_cols, bool poison) -> (Tensor, Tensor, Tensor)");
+      "int max_register_cols, bool poison, ScalarType? out_dtype=None, "
+      "ScalarType? xhat_dtype=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor? mean, "
-      "Tensor rstd, bool rms, int max_register_cols, bool poison) -> (Tensor, Tensor, Tensor)");
+      "Tensor rstd, bool rms, int max_register_cols, bool poison, "
+      "ScalarType? xhat_dtype=None) -> (Tensor, Tensor, Tensor)");
   m.def(
       "norm(Tensor x, Tensor? weight, Tensor? bias, int n, float eps, bool rms, "
       "int max_register_cols, bool poison) -> Tensor");

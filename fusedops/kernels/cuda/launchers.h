@@ -14,14 +14,24 @@ cudaError_t quick_gelu_forward(const void* x, void* y, int64_t n, DType dtype,
 cudaError_t quick_gelu_backward(const void* grad, const void* x, void* dx, int64_t n,
                                 DType dtype, cudaStream_t stream);
 
+// RMSNorm as model libraries write it (transformers' LlamaRMSNorm, T5LayerNorm): xhat rounded
+// to xhat_dtype (float16/bfloat16; float32: not rounded) before the weight multiply, and y
+// (forward) / dy (backward) in float32 instead of x's dtype when out_fp32. The default is plain
+// LayerNorm / RMSNorm.
+struct NormVariant {
+  bool out_fp32 = false;
+  DType xhat_dtype = DType::kFloat32;
+};
+
 // LayerNorm / RMSNorm (rms) over rows of `cols` elements; x, y, dy, dx contiguous (rows, cols)
-// of `dtype`; weight, bias (cols) of param_dtype (float32 or `dtype`) or null; mean (rows,
-// LayerNorm only; null for RMSNorm) and rstd (rows) fp32. Rows up to min(max_register_cols,
-// 8192) are held in registers.
+// of `dtype` (y, dy: float32 with variant.out_fp32); weight, bias (cols) of param_dtype (float32
+// or `dtype`) or null; mean (rows, LayerNorm only; null for RMSNorm) and rstd (rows) fp32. Rows
+// up to min(max_register_cols, 8192) are held in registers.
 cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bias,
                                DType param_dtype, void* y, float* mean, float* rstd,
                                int64_t rows, int64_t cols, float eps, bool rms,
-                               int64_t max_register_cols, DType dtype, cudaStream_t stream);
+                               NormVariant variant, int64_t max_register_cols, DType dtype,
+                               cudaStream_t stream);
 // dx, and dweight/dbias (param_dtype, cols; null when not wanted) summed in fp32 in a fixed order
 // from partial_rows (1..min(rows, 65535)) fp32 partial rows (dw_partial/db_partial,
 // (partial_rows, cols), null exactly when dweight/dbias is). coeffs: (2, rows) fp32 workspace
@@ -31,8 +41,8 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weigh
                                 DType param_dtype, const float* mean, const float* rstd,
                                 void* dx, float* dw_partial, float* db_partial,
                                 int64_t partial_rows, void* dweight, void* dbias, float* coeffs,
-                                int64_t rows, int64_t cols, bool rms, int64_t max_register_cols,
-                                DType dtype, cudaStream_t stream);
+                                int64_t rows, int64_t cols, bool rms, NormVariant variant,
+                                int64_t max_register_cols, DType dtype, cudaStream_t stream);
 
 // Adam / AdamW multi-tensor apply (adam.cu). Host arrays of n device pointers, per tensor i:
 // params[i], grads[i] (param_dtype), exp_avgs[i], exp_avg_sqs[i] and, when options.amsgrad,

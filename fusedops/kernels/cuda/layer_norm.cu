@@ -14,6 +14,9 @@
 //   (RMSNorm: c2 = 0). dweight/dbias in two deterministic stages: each block writes one fp32
 //   partial row (blocks = partial rows, chosen by the caller), then column_sum_kernel adds the
 //   partial rows in order. No atomics: the same bits on every run.
+// RMSNorm variants (NormVariant, launchers.h): xhat rounded to fp16/bf16 before the weight
+//   multiply, y (forward) / dy (backward) in fp32 instead of x's dtype; dweight sums dy times
+//   the rounded xhat.
 //   Register path: block b takes rows b, b + blocks, ... per row slot; the row slots of a block
 //   are added in slot order through shared memory. Looped path: row_coeffs_kernel gives c1, c2
 //   per row, then backward_columns_kernel (grid: column chunks x row groups) writes dx and the
@@ -61,15 +64,37 @@ __device__ __forceinline__ float row_sum(float v, float* shared /* kWarpsPerBloc
   }
 }
 
+// xhat rounded to `dtype` and back (kFloat32: unchanged), to nearest even as torch's casts.
+__device__ __forceinline__ float round_xhat(float v, DType dtype) {
+  if (dtype == DType::kFloat16) return __half2float(__float2half_rn(v));
+  if (dtype == DType::kBFloat16) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+
+// Element i of y (forward output) or dy (backward input): x's type T, or float when out_fp32.
+template <typename T>
+__device__ __forceinline__ void store_y(void* y, int64_t i, float v, bool out_fp32) {
+  if (out_fp32) {
+    static_cast<float*>(y)[i] = v;
+  } else {
+    static_cast<T*>(y)[i] = from_float<T>(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float load_dy(const void* dy, int64_t i, bool out_fp32) {
+  return out_fp32 ? static_cast<const float*>(dy)[i] : to_float(static_cast<const T*>(dy)[i]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
 template <typename T, typename W, int kRowWarps, int kVpt>
 __global__ void __launch_bounds__(kThreads)
     forward_register_kernel(const T* __restrict__ x, const W* __restrict__ weight,
-                            const W* __restrict__ bias, T* __restrict__ y,
+                            const W* __restrict__ bias, void* __restrict__ y,
                             float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                            int64_t rows, int cols, float eps, bool rms) {
+                            int64_t rows, int cols, float eps, bool rms, NormVariant variant) {
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   __shared__ float shared[kWarpsPerBlock];
@@ -102,15 +127,14 @@ __global__ void __launch_bounds__(kThreads)
       if (!rms) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    T* y_row = y + row * cols;
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
       const int j = i * kRowThreads + t;
       if (j < cols) {
-        float out = v[i] * rstd;
+        float out = round_xhat(v[i] * rstd, variant.xhat_dtype);
         if (weight != nullptr) out *= to_float(weight[j]);
         if (bias != nullptr) out += to_float(bias[j]);
-        y_row[j] = from_float<T>(out);
+        store_y<T>(y, row * cols + j, out, variant.out_fp32);
       }
     }
   }
@@ -119,9 +143,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
     forward_loop_kernel(const T* __restrict__ x, const W* __restrict__ weight,
-                        const W* __restrict__ bias, T* __restrict__ y,
+                        const W* __restrict__ bias, void* __restrict__ y,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
-                        int cols, float eps, bool rms) {
+                        int cols, float eps, bool rms, NormVariant variant) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x_row = x + row * cols;
@@ -142,12 +166,11 @@ __global__ void __launch_bounds__(kThreads)
       if (!rms) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    T* y_row = y + row * cols;
     for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      float out = (to_float(x_row[j]) - mean) * rstd;
+      float out = round_xhat((to_float(x_row[j]) - mean) * rstd, variant.xhat_dtype);
       if (weight != nullptr) out *= to_float(weight[j]);
       if (bias != nullptr) out += to_float(bias[j]);
-      y_row[j] = from_float<T>(out);
+      store_y<T>(y, row * cols + j, out, variant.out_fp32);
     }
   }
 }
@@ -186,11 +209,11 @@ __device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* p
 
 template <typename T, typename W, int kRowWarps, int kVpt>
 __global__ void __launch_bounds__(kThreads)
-    backward_register_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+    backward_register_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                              const W* __restrict__ weight, const float* __restrict__ mean,
                              const float* __restrict__ rstd, T* __restrict__ dx,
                              float* __restrict__ dw_partial, float* __restrict__ db_partial,
-                             int64_t rows, int cols, bool rms) {
+                             int64_t rows, int cols, bool rms, NormVariant variant) {
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kRowValues = kRowThreads * kVpt;
@@ -212,7 +235,6 @@ __global__ void __launch_bounds__(kThreads)
     const float mu = rms ? 0.0f : mean[row];
     const float rs = rstd[row];
     const T* x_row = x + row * cols;
-    const T* dy_row = dy + row * cols;
     float xhat[kVpt];
     float g[kVpt];
     float s1 = 0.0f;
@@ -223,10 +245,10 @@ __global__ void __launch_bounds__(kThreads)
       xhat[i] = 0.0f;
       g[i] = 0.0f;
       if (j < cols) {
-        const float d = to_float(dy_row[j]);
+        const float d = load_dy<T>(dy, row * cols + j, variant.out_fp32);
         xhat[i] = (to_float(x_row[j]) - mu) * rs;
         g[i] = weight != nullptr ? d * to_float(weight[j]) : d;
-        dw_acc[i] += d * xhat[i];
+        dw_acc[i] += d * round_xhat(xhat[i], variant.xhat_dtype);
         db_acc[i] += d;
       }
       s1 += xhat[i] * g[i];
@@ -253,20 +275,19 @@ __global__ void __launch_bounds__(kThreads)
 // c[row] = mean(xhat * g), c[rows + row] = mean(g) (0 for RMSNorm): a block per row.
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
-    row_coeffs_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+    row_coeffs_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                       const W* __restrict__ weight, const float* __restrict__ mean,
                       const float* __restrict__ rstd, float* __restrict__ coeffs, int64_t rows,
-                      int cols, bool rms) {
+                      int cols, bool rms, NormVariant variant) {
   __shared__ float shared[kWarpsPerBlock];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float mu = rms ? 0.0f : mean[row];
     const float rs = rstd[row];
     const T* x_row = x + row * cols;
-    const T* dy_row = dy + row * cols;
     float s1 = 0.0f;
     float s2 = 0.0f;
     for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      const float d = to_float(dy_row[j]);
+      const float d = load_dy<T>(dy, row * cols + j, variant.out_fp32);
       const float xhat = (to_float(x_row[j]) - mu) * rs;
       const float g = weight != nullptr ? d * to_float(weight[j]) : d;
       s1 += xhat * g;
@@ -285,11 +306,12 @@ __global__ void __launch_bounds__(kThreads)
 // b, b + groups, ...; writes dx and partial[b, j].
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
-    backward_columns_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+    backward_columns_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                             const W* __restrict__ weight, const float* __restrict__ mean,
                             const float* __restrict__ rstd, const float* __restrict__ coeffs,
                             T* __restrict__ dx, float* __restrict__ dw_partial,
-                            float* __restrict__ db_partial, int64_t rows, int cols, bool rms) {
+                            float* __restrict__ db_partial, int64_t rows, int cols, bool rms,
+                            NormVariant variant) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
   const int64_t group = blockIdx.y;
@@ -299,13 +321,13 @@ __global__ void __launch_bounds__(kThreads)
   float db_acc = 0.0f;
   for (int64_t row = group; row < rows; row += groups) {
     const int64_t offset = row * cols + j;
-    const float d = to_float(dy[offset]);
+    const float d = load_dy<T>(dy, offset, variant.out_fp32);
     const float rs = rstd[row];
     const float mu = rms ? 0.0f : mean[row];
     const float xhat = (to_float(x[offset]) - mu) * rs;
     const float g = d * w;
     dx[offset] = from_float<T>((g - (xhat * coeffs[row] + coeffs[rows + row])) * rs);
-    dw_acc += d * xhat;
+    dw_acc += d * round_xhat(xhat, variant.xhat_dtype);
     db_acc += d;
   }
   if (dw_partial != nullptr) dw_partial[group * cols + j] = dw_acc;
@@ -371,20 +393,19 @@ unsigned int row_blocks(int64_t rows, int rows_per_block) {
 template <typename T, typename W>
 void launch_forward(const void* x, const void* weight, const void* bias, void* y, float* mean,
                     float* rstd, int64_t rows, int cols, float eps, bool rms,
-                    int64_t max_register_cols, cudaStream_t stream) {
+                    NormVariant variant, int64_t max_register_cols, cudaStream_t stream) {
   const T* tx = static_cast<const T*>(x);
   const W* tw = static_cast<const W*>(weight);
   const W* tb = static_cast<const W*>(bias);
-  T* ty = static_cast<T*>(y);
   if (use_register_path(cols, max_register_cols)) {
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
       const unsigned int blocks = row_blocks(rows, kWarpsPerBlock / kRowWarps);
       forward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
-          tx, tw, tb, ty, mean, rstd, rows, cols, eps, rms);
+          tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
     });
   } else {
     forward_loop_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        tx, tw, tb, ty, mean, rstd, rows, cols, eps, rms);
+        tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
   }
 }
 
@@ -392,9 +413,8 @@ template <typename T, typename W>
 void launch_backward(const void* dy, const void* x, const void* weight, const float* mean,
                      const float* rstd, void* dx, float* dw_partial, float* db_partial,
                      int64_t partial_rows, void* dweight, void* dbias, float* coeffs,
-                     int64_t rows, int cols, bool rms, int64_t max_register_cols,
-                     cudaStream_t stream) {
-  const T* tdy = static_cast<const T*>(dy);
+                     int64_t rows, int cols, bool rms, NormVariant variant,
+                     int64_t max_register_cols, cudaStream_t stream) {
   const T* tx = static_cast<const T*>(x);
   const W* tw = static_cast<const W*>(weight);
   T* tdx = static_cast<T*>(dx);
@@ -405,14 +425,14 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
   if (use_register_path(cols, max_register_cols)) {
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
       backward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
-          tdy, tx, tw, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms);
+          dy, tx, tw, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms, variant);
     });
   } else {
     row_coeffs_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        tdy, tx, tw, mean, rstd, coeffs, rows, cols, rms);
+        dy, tx, tw, mean, rstd, coeffs, rows, cols, rms, variant);
     const dim3 grid(column_blocks, blocks);
     backward_columns_kernel<T, W><<<grid, kThreads, 0, stream>>>(
-        tdy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms);
+        dy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms, variant);
   }
   if (dweight != nullptr) {
     column_sum_kernel<W><<<column_blocks, kThreads, 0, stream>>>(
@@ -438,20 +458,28 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
     }                                                               \
   } while (0)
 
+// xhat_dtype: float32 (no rounding), float16 or bfloat16.
+bool valid_variant(const NormVariant& variant) {
+  return variant.xhat_dtype == DType::kFloat32 || variant.xhat_dtype == DType::kFloat16 ||
+         variant.xhat_dtype == DType::kBFloat16;
+}
+
 }  // namespace
 
 cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bias,
                                DType param_dtype, void* y, float* mean, float* rstd,
                                int64_t rows, int64_t cols, float eps, bool rms,
-                               int64_t max_register_cols, DType dtype, cudaStream_t stream) {
+                               NormVariant variant, int64_t max_register_cols, DType dtype,
+                               cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (cols <= 0 || cols > INT32_MAX || rstd == nullptr || (!rms && mean == nullptr)) {
+  if (cols <= 0 || cols > INT32_MAX || rstd == nullptr || (!rms && mean == nullptr) ||
+      !valid_variant(variant)) {
     return cudaErrorInvalidValue;
   }
   const int n = static_cast<int>(cols);
   FUSEDOPS_DISPATCH_FLOAT(dtype, FUSEDOPS_LN_PARAM_DISPATCH(param_dtype, dtype, {
                             launch_forward<scalar_t, param_t>(x, weight, bias, y, mean, rstd,
-                                                              rows, n, eps, rms,
+                                                              rows, n, eps, rms, variant,
                                                               max_register_cols, stream);
                           }));
   return cudaGetLastError();
@@ -465,21 +493,22 @@ cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weigh
                                 DType param_dtype, const float* mean, const float* rstd,
                                 void* dx, float* dw_partial, float* db_partial,
                                 int64_t partial_rows, void* dweight, void* dbias, float* coeffs,
-                                int64_t rows, int64_t cols, bool rms, int64_t max_register_cols,
-                                DType dtype, cudaStream_t stream) {
+                                int64_t rows, int64_t cols, bool rms, NormVariant variant,
+                                int64_t max_register_cols, DType dtype, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (cols <= 0 || cols > INT32_MAX || partial_rows < 1 || partial_rows > 65535 ||
       partial_rows > rows || rstd == nullptr || (!rms && mean == nullptr) ||
       (dw_partial == nullptr) != (dweight == nullptr) ||
       (db_partial == nullptr) != (dbias == nullptr) ||
-      (layer_norm_backward_needs_coeffs(cols, max_register_cols) && coeffs == nullptr)) {
+      (layer_norm_backward_needs_coeffs(cols, max_register_cols) && coeffs == nullptr) ||
+      !valid_variant(variant)) {
     return cudaErrorInvalidValue;
   }
   const int n = static_cast<int>(cols);
   FUSEDOPS_DISPATCH_FLOAT(dtype, FUSEDOPS_LN_PARAM_DISPATCH(param_dtype, dtype, {
                             launch_backward<scalar_t, param_t>(
                                 dy, x, weight, mean, rstd, dx, dw_partial, db_partial,
-                                partial_rows, dweight, dbias, coeffs, rows, n, rms,
+                                partial_rows, dweight, dbias, coeffs, rows, n, rms, variant,
                                 max_register_cols, stream);
                           }));
   return cudaGetLastError();

@@ -4,7 +4,9 @@ Triton kernels; see layer_norm.cu).
 
 The kernels read weight and bias in fp32 or in x's dtype (one dtype for both) and write
 dweight/dbias in that dtype; other parameter dtypes are converted to fp32 here, and their
-gradients back.
+gradients back. RMSNorm's y (and dy) is x's dtype or fp32 in the kernels: another ``out_dtype``
+is computed as fp32 and converted here (the same bits: the kernels round their fp32 result once
+to y's dtype either way), another dy dtype is converted to fp32 first.
 """
 
 from __future__ import annotations
@@ -42,17 +44,31 @@ def norm_with_autograd(x, weight, bias, n: int, eps: float, rms: bool):
     return library().norm(x, weight, bias, n, eps, rms, MAX_REGISTER_N, _alloc.poisoning())
 
 
-def _forward(x, weight, bias, eps: float, rms: bool):
+def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=None):
     weight, bias = _kernel_params(x, weight, bias)
-    return library().layer_norm_forward(
-        x, weight, bias, eps, rms, MAX_REGISTER_N, _alloc.poisoning()
+    out_dtype = out_dtype or x.dtype
+    kernel_out = out_dtype if out_dtype in (x.dtype, torch.float32) else torch.float32
+    y, mean, rstd = library().layer_norm_forward(
+        x, weight, bias, eps, rms, MAX_REGISTER_N, _alloc.poisoning(), kernel_out, xhat_dtype
     )
+    return y.to(out_dtype), mean, rstd
 
 
-def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
+def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     kernel_weight, kernel_bias = _kernel_params(x, weight, bias)
+    if dy.dtype not in (x.dtype, torch.float32):
+        dy = dy.float()
     dx, dweight, dbias = library().layer_norm_backward(
-        dy, x, kernel_weight, kernel_bias, mean, rstd, rms, MAX_REGISTER_N, _alloc.poisoning()
+        dy,
+        x,
+        kernel_weight,
+        kernel_bias,
+        mean,
+        rstd,
+        rms,
+        MAX_REGISTER_N,
+        _alloc.poisoning(),
+        xhat_dtype,
     )
     dweight = None if weight is None else dweight.to(weight.dtype)
     dbias = None if bias is None else dbias.to(bias.dtype)
@@ -70,13 +86,15 @@ def layer_norm_backward(dy, x, weight, bias, mean, rstd):
     return _backward(dy, x, weight, bias, mean, rstd, rms=False)
 
 
-def rms_norm_forward(x, weight, eps: float):
-    """RMSNorm of the rows of x (M, N); weight (N,) or None. Returns y, rstd (M,) fp32."""
-    y, _, rstd = _forward(x, weight, None, eps, rms=True)
+def rms_norm_forward(x, weight, eps: float, out_dtype=None, xhat_dtype=None):
+    """RMSNorm of the rows of x (M, N); weight (N,) or None. Returns y (M, N) in out_dtype
+    (default x's), xhat rounded to xhat_dtype (None: not rounded) before the weight multiply,
+    and rstd (M,) fp32."""
+    y, _, rstd = _forward(x, weight, None, eps, True, out_dtype, xhat_dtype)
     return y, rstd
 
 
-def rms_norm_backward(dy, x, weight, rstd):
-    """dx (like x) and dweight (like weight, or None)."""
-    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, rms=True)
+def rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None):
+    """dx (like x) and dweight (like weight, or None); dy (M, N) in y's dtype."""
+    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, True, xhat_dtype)
     return dx, dweight

@@ -9,6 +9,11 @@ Forward:
 - looped path (longer rows): one program per row; pass 1 reads the row in chunks accumulating
   shifted sums (shift = the row's first element, against cancellation), pass 2 normalises.
 
+RMSNorm variants (transformers' LlamaRMSNorm, T5LayerNorm): ``XHAT_ROUND`` rounds xhat to fp16 (1)
+or bf16 (2) before the weight multiply, and y is stored in the dtype of the tensor it is written
+to (the launcher allocates it in ``out_dtype``); the backward's dweight sums ``dy * xhat`` with
+xhat rounded the same way, and dy is read in its own dtype.
+
 Backward: ``dx = (g - (xhat * c1 + c2)) * rstd`` with ``g = dy * w``, ``c1 = mean(xhat * g)``,
 ``c2 = mean(g)`` (RMSNorm: ``c2 = 0``, ``xhat = x * rstd``). dweight and dbias are reduced in two
 deterministic stages: each program writes one fp32 partial row, then ``_column_sum_kernel`` adds
@@ -65,6 +70,25 @@ def _rstd(var, eps):
     return tl.div_rn(tl.full(var.shape, 1.0, tl.float32), tl.sqrt_rn(var + eps))
 
 
+#: XHAT_ROUND code of each dtype xhat may be rounded to (None and fp32: no rounding).
+_XHAT_ROUND = {None: 0, torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+@triton.jit
+def _round_xhat(xhat, XHAT_ROUND: tl.constexpr):
+    """xhat rounded to fp16 (XHAT_ROUND 1) or bf16 (2), to nearest even, back in fp32.
+
+    bf16 is rounded on the bits (add half an ulp, ties to even, clear the low half; NaN kept):
+    the same result as the GPU's conversion and torch's, where Triton's interpreter truncates."""
+    if XHAT_ROUND == 1:
+        xhat = xhat.to(tl.float16).to(tl.float32)
+    elif XHAT_ROUND == 2:
+        bits = xhat.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        xhat = tl.where(xhat == xhat, bits.to(tl.float32, bitcast=True), xhat)
+    return xhat
+
+
 @triton.jit
 def _forward_rows_kernel(
     x_ptr,
@@ -79,6 +103,7 @@ def _forward_rows_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RMS: tl.constexpr,
+    XHAT_ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -98,7 +123,7 @@ def _forward_rows_kernel(
     var = _div_n(tl.sum(xc * xc, axis=1), N)
     rstd = _rstd(var, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-    y = xc * rstd[:, None]
+    y = _round_xhat(xc * rstd[:, None], XHAT_ROUND)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         y = y * w[None, :]
@@ -122,6 +147,7 @@ def _forward_loop_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RMS: tl.constexpr,
+    XHAT_ROUND: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -153,7 +179,7 @@ def _forward_loop_kernel(
         cols = start + base
         mask = cols < N
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd
+        y = _round_xhat((x - mean) * rstd, XHAT_ROUND)
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
@@ -177,6 +203,7 @@ def _backward_rows_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RMS: tl.constexpr,
+    XHAT_ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -210,7 +237,7 @@ def _backward_rows_kernel(
             c2 = _div_n(tl.sum(g, axis=1), N)
             dx = (g - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
+        dw_acc += dy * _round_xhat(xhat, XHAT_ROUND)
         db_acc += dy
     partial = pid.to(tl.int64) * N + cols
     if HAS_WEIGHT:
@@ -271,6 +298,7 @@ def _backward_columns_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RMS: tl.constexpr,
+    XHAT_ROUND: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -292,7 +320,7 @@ def _backward_columns_kernel(
         c2 = tl.load(c_ptr + M + row)
         dx = (g - (xhat * c1 + c2)) * rstd
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
-        dw_acc += dy * xhat
+        dw_acc += dy * _round_xhat(xhat, XHAT_ROUND)
         db_acc += dy
     partial = group.to(tl.int64) * N + cols
     if HAS_WEIGHT:
@@ -354,14 +382,19 @@ def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _forward(x, weight, bias, eps: float, rms: bool):
+def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=None):
     M, N = x.shape
-    y = _alloc.empty_like(x)
+    y = _alloc.empty_like(x, dtype=out_dtype)
     mean = _alloc.empty((0 if rms else M,), dtype=torch.float32, device=x.device)
     rstd = _alloc.empty((M,), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, mean, rstd
-    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, RMS=rms)
+    flags = dict(
+        HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None,
+        RMS=rms,
+        XHAT_ROUND=_XHAT_ROUND[xhat_dtype],
+    )
     w = weight if weight is not None else x
     b = bias if bias is not None else x
     m = mean if not rms else rstd
@@ -390,7 +423,7 @@ def _forward(x, weight, bias, eps: float, rms: bool):
     return y, mean, rstd
 
 
-def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
+def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     M, N = x.shape
     dx = _alloc.empty_like(x)
     has_weight, has_bias = weight is not None, bias is not None
@@ -402,6 +435,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
             dbias = torch.zeros((N,), dtype=bias.dtype, device=x.device)
         return dx, dweight, dbias
     flags = dict(HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, RMS=rms)
+    rounding = dict(XHAT_ROUND=_XHAT_ROUND[xhat_dtype])
     w = weight if has_weight else x
     m = mean if not rms else rstd
     if N <= MAX_FUSED_N:
@@ -417,7 +451,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
     if N <= MAX_FUSED_N:
         _backward_rows_kernel[(programs,)](
             dy, x, w, m, rstd, dx, dw_partial, db_partial, M, N, tiles,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **flags,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, **flags, **rounding,
         )  # fmt: skip
     else:
         coeffs = _alloc.empty((2, M), **f32)
@@ -429,7 +463,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
         grid = (triton.cdiv(N, block_n), programs)
         _backward_columns_kernel[grid](
             dy, x, w, m, rstd, coeffs, dx, dw_partial, db_partial, M, N,
-            BLOCK_N=block_n, num_warps=4, **flags,
+            BLOCK_N=block_n, num_warps=4, **flags, **rounding,
         )  # fmt: skip
     if has_weight:
         dweight = _column_sum(dw_partial, weight.dtype)
@@ -449,13 +483,15 @@ def layer_norm_backward(dy, x, weight, bias, mean, rstd):
     return _backward(dy, x, weight, bias, mean, rstd, rms=False)
 
 
-def rms_norm_forward(x, weight, eps: float):
-    """RMSNorm of the rows of x (M, N); weight (N,) or None. Returns y, rstd (M,) fp32."""
-    y, _, rstd = _forward(x, weight, None, eps, rms=True)
+def rms_norm_forward(x, weight, eps: float, out_dtype=None, xhat_dtype=None):
+    """RMSNorm of the rows of x (M, N); weight (N,) or None. Returns y (M, N) in out_dtype
+    (default x's), xhat rounded to xhat_dtype (fp16/bf16; None: not rounded) before the weight
+    multiply, and rstd (M,) fp32."""
+    y, _, rstd = _forward(x, weight, None, eps, True, out_dtype, xhat_dtype)
     return y, rstd
 
 
-def rms_norm_backward(dy, x, weight, rstd):
-    """dx (like x) and dweight (like weight, or None)."""
-    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, rms=True)
+def rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None):
+    """dx (like x) and dweight (like weight, or None); dy (M, N) in y's dtype."""
+    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, True, xhat_dtype)
     return dx, dweight

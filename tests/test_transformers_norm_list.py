@@ -1,0 +1,248 @@
+"""transformers' RMSNorm family in the list of fusedops/hooks/lib_transformers.py, read from the
+installed sources: every listed class has the forward of its variant, every RMSNorm-like class is
+listed or excluded. Reads the modeling files as text (no import of all of transformers)."""
+
+import ast
+import importlib
+import importlib.util
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fusedops.hooks import lib_transformers
+
+_spec = importlib.util.find_spec("transformers")
+if _spec is None:
+    pytest.skip("transformers is not installed", allow_module_level=True)
+MODELS = Path(_spec.submodule_search_locations[0]) / "models"
+#: The version the list and the exclusions were checked against (completeness is exact there).
+CHECKED_VERSION = "5.23."
+
+#: The forwards (with ``_norm`` where the class has one) of each variant, normalised by
+#: ``_normalised``: docstrings and annotations dropped, the class's own name as CLS.
+FORWARDS = [
+    # llama: Aimv2RMSNorm (140 classes)
+    (
+        "llama",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+""",
+    ),
+    # gemma: GemmaRMSNorm (13 classes)
+    (
+        "gemma",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+""",
+    ),
+    # fp32_weight: AfmoeRMSNorm (11 classes)
+    (
+        "fp32_weight",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+""",
+    ),
+    # fp32_weight: DiffusionGemmaRMSNorm (8 classes)
+    (
+        "fp32_weight",
+        """
+def _norm(self, hidden_states):
+    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.eps
+    return hidden_states * torch.pow(mean_squared, -0.5)
+def forward(self, hidden_states):
+    normed_output = self._norm(hidden_states.float())
+    if self.with_scale:
+        normed_output = normed_output * self.weight.float()
+    return normed_output.type_as(hidden_states)
+""",
+    ),
+    # t5: IdeficsRMSNorm (5 classes)
+    (
+        "t5",
+        """
+def forward(self, hidden_states):
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    if self.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(self.weight.dtype)
+    return self.weight * hidden_states
+""",
+    ),
+    # unweighted: EsmFold2RMSNorm (4 classes)
+    (
+        "unweighted",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    return self._norm(x.float()).type_as(x)
+""",
+    ),
+    # fp32_weight: HeliumRMSNorm (3 classes)
+    (
+        "fp32_weight",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
+""",
+    ),
+    # fp32_weight: KyutaiSpeechToTextRMSNorm (2 classes)
+    (
+        "fp32_weight",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * self.weight.float()
+    return output.type_as(x)
+""",
+    ),
+    # llama: Llama4TextRMSNorm (1 classes)
+    (
+        "llama",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float()).type_as(x)
+    return output * self.weight
+""",
+    ),
+]
+
+NAME = re.compile(r"\w*(?:RMSNorm|T5LayerNorm)\w*")
+
+
+def _normalised(node: ast.ClassDef) -> str:
+    parts = []
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name in ("forward", "_norm"):
+            fn = ast.parse(ast.unparse(item)).body[0]
+            first = fn.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                fn.body = fn.body[1:]
+            fn.returns = None
+            for arg in fn.args.args + fn.args.kwonlyargs:
+                arg.annotation = None
+            parts.append(ast.unparse(fn).replace(node.name, "CLS"))
+    return "\n".join(parts)
+
+
+def _rms_norm_like_classes() -> dict[str, str]:
+    """ "<package>.<modeling module>.<class>" -> normalised forward, for every class of a
+    modeling file whose name has RMSNorm or T5LayerNorm in it."""
+    found = {}
+    for path in sorted(MODELS.glob("*/modeling_*.py")):
+        source = path.read_text()
+        if "RMSNorm" not in source and "T5LayerNorm" not in source:
+            continue
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef) and NAME.fullmatch(node.name):
+                found[f"{path.parent.name}.{path.stem}.{node.name}"] = _normalised(node)
+    return found
+
+
+def _listed() -> dict[str, str]:
+    return {
+        name: variant
+        for variant, names in lib_transformers.RMS_NORM_CLASSES.items()
+        for name in names.split()
+    }
+
+
+def _version() -> str:
+    text = (Path(_spec.submodule_search_locations[0]) / "__init__.py").read_text()
+    return re.search(r'__version__ = "([^"]+)"', text).group(1)
+
+
+FOUND = _rms_norm_like_classes()
+
+
+def test_forwards_are_known_variants():
+    assert {variant for variant, _ in FORWARDS} == set(
+        importlib.import_module("fusedops.nn.rms_norm_variants").FORWARDS
+    )
+
+
+def test_every_listed_class_has_its_variants_forward():
+    patterns = {}
+    for variant, text in FORWARDS:
+        patterns.setdefault(variant, set()).add(text.strip())
+    listed = _listed()
+    assert len(listed) == sum(len(n.split()) for n in lib_transformers.RMS_NORM_CLASSES.values())
+    present = {name: variant for name, variant in listed.items() if name in FOUND}
+    wrong = {n: v for n, v in present.items() if FOUND[n].strip() not in patterns[v]}
+    assert not wrong, f"listed classes whose forward is not their variant's: {wrong}"
+    if _version().startswith(CHECKED_VERSION):
+        assert set(present) == set(listed), f"missing: {set(listed) - set(present)}"
+
+
+def test_every_rms_norm_like_class_is_listed_or_excluded():
+    listed = _listed()
+    assert not set(listed) & set(lib_transformers.EXCLUDED)
+    assert all(reason for reason in lib_transformers.EXCLUDED.values())
+    unclassified = sorted(set(FOUND) - set(listed) - set(lib_transformers.EXCLUDED))
+    if _version().startswith(CHECKED_VERSION):
+        assert not unclassified, f"classify these (list or exclude): {unclassified}"
+    elif unclassified:  # another version: new classes are not fused until checked
+        warnings.warn(f"transformers {_version()}: not classified: {unclassified}", stacklevel=1)
+    excluded_found = [n for n in lib_transformers.EXCLUDED if n in FOUND]
+    known = {text.strip() for _, text in FORWARDS}
+    # an excluded class has math of its own: none shares a supported variant's forward
+    assert not [n for n in excluded_found if FOUND[n].strip() in known]
+
+
+def test_model_files_importing_quick_gelu_by_name_are_patched_there():
+    importers = set()
+    for path in sorted(MODELS.glob("*/modeling_*.py")):
+        source = path.read_text()
+        if re.search(r"from \.\.\.activations import[^\n]*\bQuickGELUActivation\b", source):
+            importers.add(f"transformers.models.{path.parent.name}.{path.stem}")
+    assert importers == set(lib_transformers._QUICK_GELU_IMPORTERS)
+
+
+def test_only_the_quick_gelu_key_holds_quick_gelu_in_the_tables():
+    activations = importlib.import_module("transformers.activations")
+    keys = [
+        key
+        for key, entry in activations.ACT2CLS.items()
+        if (entry[0] if isinstance(entry, tuple) else entry) is activations.QuickGELUActivation
+    ]
+    assert keys == ["quick_gelu"]
+
+
+def test_every_listed_class_is_built_by_its_modeling_file():
+    """A listed class is reached by building a model: its own modeling file instantiates it (the
+    module attribute the hook replaces is what the model classes read when they are built),
+    except the ones documented in UNREACHED."""
+    unused = []
+    for name in _listed():
+        package, module, cls = name.split(".")
+        path = MODELS / package / f"{module}.py"
+        if path.exists() and not re.search(rf"(?<!class ){cls}\(", path.read_text()):
+            unused.append(name)
+    assert set(unused) <= set(lib_transformers.UNREACHED)
+    if _version().startswith(CHECKED_VERSION):
+        assert set(unused) == set(lib_transformers.UNREACHED)

@@ -282,8 +282,11 @@ def _bad(**changes):
         (_bad(attn_mask=torch.zeros(3, 16, 16)), ValueError, "attn_mask has nW=3.*multiple of nW"),
         (_bad(attn_mask=torch.zeros(2, 16, 16, requires_grad=True)), ValueError, "attn_mask"),
         (
-            _bad(**{t: torch.ones(4, 2, 257, 16) for t in "qkv"}, relative_pos_bias=None,
-                 attn_mask=None),
+            _bad(
+                **{t: torch.ones(4, 2, 257, 16) for t in "qkv"},
+                relative_pos_bias=None,
+                attn_mask=None,
+            ),
             ValueError,
             "q has N=257.*1 to 256",
         ),
@@ -305,6 +308,54 @@ def test_forced_cuda_on_cpu_lists_reasons():
     q, k, v, bias, mask = _inputs(2, 1, 16, 16, F32, mask=(1, -100.0))
     with pytest.raises(fusedops.BackendUnavailableError, match="window_attention.*cuda"):
         fusedops.window_attention(q, k, v, bias, mask, backend="cuda")
+
+
+class _EmulatedSoftmaxKernels:
+    """window_attention.cu's two launchers as launchers.h states them, in torch on the CPU: lets
+    the CUDA path's Python side (products, transposes, scale, d_bias partials) run here."""
+
+    @staticmethod
+    def _logits(scores, bias, mask, scale):
+        x = scores * scale + (bias if bias is not None else 0.0)
+        if mask is not None:
+            x = (x.view(-1, mask.shape[0], *x.shape[1:]) + mask[None, :, None]).view(x.shape)
+        return x
+
+    def window_attention_softmax_forward(self, scores, bias, mask, scale, probs, lse):
+        x = self._logits(scores, bias, mask, scale)
+        row_lse = torch.logsumexp(x, dim=-1)
+        lse.copy_(torch.where(torch.isneginf(row_lse), float("inf"), row_lse))
+        probs.copy_(torch.exp(x - lse[..., None]))
+
+    def window_attention_softmax_backward(
+        self, scores, dprobs, bias, mask, lse, scale, probs, dscores, partial, groups
+    ):
+        p = torch.exp(self._logits(scores, bias, mask, scale) - lse[..., None])
+        ds = p * (dprobs - (p * dprobs).sum(-1, keepdim=True))
+        probs.copy_(p)
+        dscores.copy_(ds * scale)
+        if partial is not None:
+            for g in range(groups):
+                partial[g] = ds[g::groups].sum(0)
+
+
+@pytest.mark.parametrize("mask_fill", [-100.0, float("-inf")])
+def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
+    from fusedops.kernels.cuda import window_attention as cuda_path
+
+    monkeypatch.setattr(cuda_path, "library", _EmulatedSoftmaxKernels)
+    monkeypatch.setattr(cuda_path, "_multiprocessors", lambda index: 3)
+    q, k, v, bias, mask = _inputs(6, 2, 20, 16, F32, mask=(3, mask_fill))
+    mask[1, 4, :] = mask_fill  # a fully masked row when the fill is -inf
+    scale = 0.3
+    out, lse = cuda_path.forward(q, k, v, bias, mask, scale)
+    dout = random_tensor(out.shape, F32, "cpu")
+    assert cuda_path._groups(q) == 3  # 96 warps over 2 heads x 20 rows: 3 window groups
+    grads = cuda_path.backward(dout, q, k, v, bias, mask, out, lse, scale, True)
+    expected, expected_grads = _expected(q, k, v, bias, mask, dout, scale)
+    assert_close(out, expected)
+    for name, actual, want in zip(("dq", "dk", "dv", "dbias"), grads, expected_grads):
+        assert_close(actual, want, scale=GRAD_SCALE, msg=name)
 
 
 # ------------------------------------------------------------------------------------------

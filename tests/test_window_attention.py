@@ -40,6 +40,7 @@ CASES = [
     (2, 1, 144, 16, True, (1, -100.0), F32),  # 12x12 windows: several blocks
     (1, 1, 256, 32, True, (1, float("-inf")), F16),
     (2, 1, 20, 128, True, (2, -100.0), F32),
+    (2, 1, 49, 128, True, (2, -100.0), BF16),  # one query block, two key blocks of 32
 ]
 
 
@@ -81,8 +82,7 @@ def _check(q, k, v, bias, mask, backend, scale=None):
     assert out.dtype == q.dtype and out.shape == q.shape
     assert_close(out, expected, dtype=dtype, msg="out")
     # 16-bit kernels round P and dS to the input dtype before the products (as flash attention
-    # does), and with several key blocks take rowsum(dO * O) with O rounded: up to ~2x the
-    # table's tolerance measured, whatever N
+    # does): up to ~1.1x the table's tolerance measured (Triton, interpreted), whatever N
     assert_close(q.grad, dq, dtype=dtype, scale=GRAD_SCALE, msg="dq")
     assert_close(k.grad, dk, dtype=dtype, scale=GRAD_SCALE, msg="dk")
     assert_close(v.grad, dv, dtype=dtype, scale=GRAD_SCALE, msg="dv")
@@ -251,6 +251,39 @@ def test_partial_trace_lowers_into_one_xla_program_per_direction():
     for name, actual, want in zip(("dx", "dbias"), got, (x.grad, block.bias.grad)):
         assert_close(actual, want.double(), scale=8.0, msg=name)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_xla_lowerings_match_reference(dtype):
+    """The lowerings of the op and its backward, run on JAX arrays as inside a program, with a
+    fully masked row."""
+    jnp = pytest.importorskip("jax.numpy")
+    from fusedops.xla import lower
+
+    def to_jax(t):
+        return (
+            None
+            if t is None
+            else jnp.asarray(t.detach().float().cpu().numpy()).astype(lower.jax_dtype(t.dtype))
+        )
+
+    def to_torch(a):
+        return torch.from_numpy(jnp.asarray(a, jnp.float32).__array__().copy())
+
+    q, k, v, bias, mask = _inputs(4, 2, 16, 16, dtype, mask=(2, float("-inf")))
+    mask[1, 5, :] = float("-inf")
+    dout = random_tensor(q.shape, dtype, DEVICE)
+    ops = torch.ops.fusedops
+    out, lse = lower.LOWERINGS[ops.window_attention.default](
+        *map(to_jax, (q, k, v, bias, mask)), 0.25
+    )
+    grads = lower.LOWERINGS[ops.window_attention_backward.default](
+        *map(to_jax, (dout, q, k, v, bias, mask)), out, lse, 0.25, True
+    )
+    expected, expected_grads = _expected(q, k, v, bias, mask, dout, 0.25)
+    assert_close(to_torch(out), expected, dtype=dtype, msg="out")
+    for name, actual, want in zip(("dq", "dk", "dv", "dbias"), grads, expected_grads):
+        assert_close(to_torch(actual), want, dtype=dtype, scale=GRAD_SCALE, msg=name)
 
 
 def _bad(**changes):

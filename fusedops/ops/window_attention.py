@@ -10,7 +10,7 @@ scores are all -inf (fully masked) gives a zero output row and zero gradients, n
 saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the backward.
 
 Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(P dP))``
-(the kernels use ``rowsum(dO * O)``, the same value), ``dQ = dS K * scale``,
+(every backend takes the rowsum from P dP, not from dO * O with O rounded), ``dQ = dS K * scale``,
 ``dK = dS^T Q * scale`` and ``d_bias = sum over windows of dS`` (deterministic: per-program fp32
 partials, then one fixed-order sum). The mask gets no gradient.
 

@@ -12,11 +12,13 @@ scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward).
 
 Backward (``_backward_kernel``): one program per (key block, head, group g); it loops over the
 windows ``g, g + G, ...`` and, per window, over query blocks, recomputing ``P = exp(S - lse)``
-and accumulating dk, dv for its key block. When one key block covers the window (N <= block,
-Swin's 7x7 windows) it also writes dq, and takes ``rowsum(P dP)`` from the full rows it holds
-(exact; the multi-block path uses ``rowsum(dO * O)`` with O rounded to the input dtype); otherwise ``_backward_dq_kernel`` computes dq (one
-program per query block and window * head, looping over key blocks). d_bias: each program adds
-its dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block covers the
+and accumulating dk, dv for its key block. The softmax backward's ``delta = rowsum(P dP)`` is
+exact (not ``rowsum(dO * O)`` with O rounded to the input dtype, which flash attention uses and
+which cost d_bias several bf16 ulps at d = 128). When one key block covers the window (N <=
+block, Swin's 7x7 windows) the program holds whole rows: it takes delta from them and writes dq
+too. Otherwise ``_backward_dq_kernel`` runs first (one program per query block and window *
+head): one pass over the key blocks for delta, a second for dq. d_bias: each program adds its
+dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block covers the
 window, else in its own region of the partial buffer); the partials are then summed over G in
 one fixed order. No atomics: the same bits on every run.
 """
@@ -87,24 +89,28 @@ def _scores(
 
 
 @triton.jit
-def _probs_and_grads(
-    s, lse, do, v, delta, ALL_KEYS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr
+def _probs(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    bias_base,
+    mask_base,
+    rows,
+    cols,
+    N,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
-    """``P = exp(S - lse)`` and ``dS = P * (dP - delta)``, ``dP = dO V^T`` (fp32). ALL_KEYS:
-    the tile holds every key of its rows, and delta = rowsum(P dP) is computed here exactly
-    (else ``delta``, rowsum(dO * O), is used)."""
-    p = tl.exp(s - lse[:, None])
-    dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
-    if ALL_KEYS:
-        delta = tl.sum(p * dp, axis=1)
-    return p, p * (dp - delta[:, None])
-
-
-@triton.jit
-def _row_delta(do, out_base, rows, N, D: tl.constexpr):
-    """rowsum(dO * O) in fp32 for these query rows (O contiguous (N, D))."""
-    o = _load_rows(out_base, rows, D, N, D)
-    return tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
+    """``P = exp(S - lse)`` and ``dP = dO V^T`` (fp32) for query rows x key cols."""
+    s = _scores(
+        q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
+    )
+    return tl.exp(s - lse[:, None]), _dot(do, tl.trans(v), PRECISION, UPCAST)
 
 
 @triton.jit
@@ -186,9 +192,9 @@ def _backward_kernel(
     v_ptr,
     bias_ptr,
     mask_ptr,
-    out_ptr,
     do_ptr,
     lse_ptr,
+    delta_ptr,
     dq_ptr,
     dk_ptr,
     dv_ptr,
@@ -244,13 +250,12 @@ def _backward_kernel(
             q = _load_rows(q_ptr + z64 * sqz + h * sqh, rows, sqn, N, D)
             do = _load_rows(do_ptr + z64 * sdz + h * sdh, rows, sdn, N, D)
             lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
-            if ONE_KEY_BLOCK:
-                delta = tl.zeros([BLOCK_M], dtype=tl.float32)  # computed from P dP instead
-            else:
-                delta = _row_delta(do, out_ptr + zh * N * D, rows, N, D)
-            s = _scores(
+            p, dp = _probs(
                 q,
                 k,
+                v,
+                do,
+                lse,
                 bias_base,
                 mask_base,
                 rows,
@@ -262,7 +267,11 @@ def _backward_kernel(
                 PRECISION,
                 UPCAST,
             )
-            p, ds = _probs_and_grads(s, lse, do, v, delta, ONE_KEY_BLOCK, PRECISION, UPCAST)
+            if ONE_KEY_BLOCK:  # every key of these rows is here: rowsum(P dP), exactly
+                delta = tl.sum(p * dp, axis=1)
+            else:  # written by _backward_dq_kernel, which ran first
+                delta = tl.load(delta_ptr + zh * N + rows, mask=rows < N, other=0.0)
+            ds = p * (dp - delta[:, None])
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
             dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
             if ONE_KEY_BLOCK:  # this program sees every key of these rows: dq is complete
@@ -298,9 +307,9 @@ def _backward_dq_kernel(
     v_ptr,
     bias_ptr,
     mask_ptr,
-    out_ptr,
     do_ptr,
     lse_ptr,
+    delta_ptr,
     dq_ptr,
     sqz,
     sqh,
@@ -333,18 +342,60 @@ def _backward_dq_kernel(
     q = _load_rows(q_ptr + z * sqz + h * sqh, rows, sqn, N, D)
     do = _load_rows(do_ptr + z * sdz + h * sdh, rows, sdn, N, D)
     lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
-    delta = _row_delta(do, out_ptr + zh * N * D, rows, N, D)
     bias_base = bias_ptr + h * N * N
     mask_base = mask_ptr + (z % num_masks) * N * N
+    k_base = k_ptr + z * skz + h * skh
+    v_base = v_ptr + z * svz + h * svh
+    # pass 1: delta = rowsum(P dP) over every key block (exact, unlike rowsum(dO * O) with O
+    # rounded to the input dtype); the dk/dv kernel reads it too
+    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, cols, skn, N, D)
+        v = _load_rows(v_base, cols, svn, N, D)
+        p, dp = _probs(
+            q,
+            k,
+            v,
+            do,
+            lse,
+            bias_base,
+            mask_base,
+            rows,
+            cols,
+            N,
+            scale,
+            HAS_BIAS,
+            HAS_MASK,
+            PRECISION,
+            UPCAST,
+        )
+        delta += tl.sum(p * dp, axis=1)
+    tl.store(delta_ptr + zh * N + rows, delta, mask=rows < N)
+    # pass 2: dq
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_ptr + z * skz + h * skh, cols, skn, N, D)
-        v = _load_rows(v_ptr + z * svz + h * svh, cols, svn, N, D)
-        s = _scores(
-            q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
+        k = _load_rows(k_base, cols, skn, N, D)
+        v = _load_rows(v_base, cols, svn, N, D)
+        p, dp = _probs(
+            q,
+            k,
+            v,
+            do,
+            lse,
+            bias_base,
+            mask_base,
+            rows,
+            cols,
+            N,
+            scale,
+            HAS_BIAS,
+            HAS_MASK,
+            PRECISION,
+            UPCAST,
         )
-        _, ds = _probs_and_grads(s, lse, do, v, delta, False, PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
     cols_d = tl.arange(0, D)
     tl.store(
@@ -443,9 +494,9 @@ def forward(q, k, v, bias, mask, scale):
 
 
 def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
-    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``)."""
+    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``). ``out`` is
+    not read: the softmax backward's rowsum is taken from P dP."""
     q, k, v, dout = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(dout)
-    out = out.contiguous()
     windows, heads, n, d = q.shape
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -455,67 +506,56 @@ def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
     key_blocks = triton.cdiv(n, block_n)
     groups = _groups(q, key_blocks)
     bias_grad = bias_grad and bias is not None
-    # zeros: a partial region summed across query blocks starts at 0 (and G = 0 sums to 0)
-    partial = (
-        torch.zeros((groups, heads, n, n), dtype=torch.float32, device=q.device)
-        if bias_grad
-        else None
+    partial = None
+    if bias_grad:  # zeros: a region summed across query blocks starts at 0 (and G = 0 sums to 0)
+        partial = torch.zeros((groups, heads, n, n), dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None
+    dummy = _dummy(q)
+    inputs = (
+        q,
+        k,
+        v,
+        bias if bias is not None else dummy,
+        mask if mask is not None else dummy,
+        dout,
+        lse,
     )
-    if q.numel():
-        dummy = _dummy(q)
-        common = dict(
-            HAS_BIAS=bias is not None,
-            HAS_MASK=mask is not None,
-            D=d,
-            **_dot_options(q.dtype),
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    num_masks = mask.shape[0] if mask is not None else 1
+    options = dict(
+        HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        D=d,
+        num_warps=_warps(max(block_m, block_n)),
+        **_dot_options(q.dtype),
+    )
+    one_key_block = key_blocks == 1
+    delta = dummy
+    if not one_key_block:  # dq and the rows' delta first: the dk/dv kernel reads delta
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        _backward_dq_kernel[(triton.cdiv(n, block_m), windows * heads)](
+            *inputs, delta, dq, *strides, heads, n, num_masks, scale, **options
         )
-        tensors = (
-            q,
-            k,
-            v,
-            bias if bias is not None else dummy,
-            mask if mask is not None else dummy,
-            out,
-            dout,
-            lse,
-        )
-        strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
-        num_masks = mask.shape[0] if mask is not None else 1
-        one_key_block = key_blocks == 1
-        _backward_kernel[(key_blocks, heads, groups)](
-            *tensors,
-            dq,
-            dk,
-            dv,
-            partial if partial is not None else dummy,
-            *strides,
-            windows,
-            heads,
-            n,
-            num_masks,
-            groups,
-            scale,
-            BIAS_GRAD=bias_grad,
-            ONE_KEY_BLOCK=one_key_block,
-            ONE_QUERY_BLOCK=block_m >= n,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=_warps(max(block_m, block_n)),
-            **common,
-        )
-        if not one_key_block:
-            _backward_dq_kernel[(triton.cdiv(n, block_m), windows * heads)](
-                *tensors,
-                dq,
-                *strides,
-                heads,
-                n,
-                num_masks,
-                scale,
-                BLOCK_M=block_m,
-                BLOCK_N=block_n,
-                num_warps=_warps(max(block_m, block_n)),
-                **common,
-            )
-    dbias = partial.sum(dim=0).to(bias.dtype) if bias_grad else None
-    return dq, dk, dv, dbias
+    _backward_kernel[(key_blocks, heads, groups)](
+        *inputs,
+        delta,
+        dq,
+        dk,
+        dv,
+        partial if partial is not None else dummy,
+        *strides,
+        windows,
+        heads,
+        n,
+        num_masks,
+        groups,
+        scale,
+        BIAS_GRAD=bias_grad,
+        ONE_KEY_BLOCK=one_key_block,
+        ONE_QUERY_BLOCK=block_m >= n,
+        **options,
+    )
+    return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None

@@ -346,57 +346,38 @@ def _backward_dq_kernel(
     mask_base = mask_ptr + (z % num_masks) * N * N
     k_base = k_ptr + z * skz + h * skh
     v_base = v_ptr + z * svz + h * svh
-    # pass 1: delta = rowsum(P dP) over every key block (exact, unlike rowsum(dO * O) with O
-    # rounded to the input dtype); the dk/dv kernel reads it too
     delta = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, cols, skn, N, D)
-        v = _load_rows(v_base, cols, svn, N, D)
-        p, dp = _probs(
-            q,
-            k,
-            v,
-            do,
-            lse,
-            bias_base,
-            mask_base,
-            rows,
-            cols,
-            N,
-            scale,
-            HAS_BIAS,
-            HAS_MASK,
-            PRECISION,
-            UPCAST,
-        )
-        delta += tl.sum(p * dp, axis=1)
-    tl.store(delta_ptr + zh * N + rows, delta, mask=rows < N)
-    # pass 2: dq
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        k = _load_rows(k_base, cols, skn, N, D)
-        v = _load_rows(v_base, cols, svn, N, D)
-        p, dp = _probs(
-            q,
-            k,
-            v,
-            do,
-            lse,
-            bias_base,
-            mask_base,
-            rows,
-            cols,
-            N,
-            scale,
-            HAS_BIAS,
-            HAS_MASK,
-            PRECISION,
-            UPCAST,
-        )
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, PRECISION, UPCAST)
+    # phase 0: delta = rowsum(P dP) over every key block (exact, unlike rowsum(dO * O) with O
+    # rounded to the input dtype), stored for the dk/dv kernel; phase 1: dq
+    for phase in tl.static_range(2):
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_base, cols, skn, N, D)
+            v = _load_rows(v_base, cols, svn, N, D)
+            p, dp = _probs(
+                q,
+                k,
+                v,
+                do,
+                lse,
+                bias_base,
+                mask_base,
+                rows,
+                cols,
+                N,
+                scale,
+                HAS_BIAS,
+                HAS_MASK,
+                PRECISION,
+                UPCAST,
+            )
+            if phase == 0:
+                delta += tl.sum(p * dp, axis=1)
+            else:
+                dq += _dot((p * (dp - delta[:, None])).to(k.dtype), k, PRECISION, UPCAST)
+        if phase == 0:
+            tl.store(delta_ptr + zh * N + rows, delta, mask=rows < N)
     cols_d = tl.arange(0, D)
     tl.store(
         dq_ptr + (zh * N + rows)[:, None] * D + cols_d[None, :],

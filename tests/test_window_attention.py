@@ -429,3 +429,22 @@ def test_cuda_extension_registers_window_attention_kernels():
     assert build.unavailable_reason() is None
     assert hasattr(torch.ops.fusedops_cuda, "window_attention_softmax_forward")
     assert hasattr(torch.ops.fusedops_cuda, "window_attention_softmax_backward")
+
+
+def test_attention_core_fuses_without_dropout_and_keeps_dropout_semantics():
+    """``attention_core`` (the Swin hook's ``_window_attention_core`` signature): the fused op
+    when there is no attention dropout, the unfused math with it."""
+    from fusedops.ops.window_attention import attention_core
+
+    q, k, v, bias, mask = _inputs(4, 2, 16, 16, F32, mask=(2, -100.0))
+    fusedops.dispatch.last_used.pop("window_attention", None)
+    out = attention_core(q, k, v, bias[None], mask, 0.25, dropout_p=0.5, training=False)
+    assert "window_attention" in fusedops.dispatch.last_used
+    expected, _ = _expected(q, k, v, bias, mask, torch.zeros_like(q), 0.25)
+    assert_close(out, expected)
+    torch.manual_seed(3)
+    dropped = attention_core(q, k, v, bias, mask, 0.25, dropout_p=0.5, training=True)
+    torch.manual_seed(3)
+    scores = q @ k.transpose(-1, -2) * 0.25 + bias + mask.repeat(2, 1, 1)[:, None]
+    probs = torch.nn.functional.dropout(torch.softmax(scores, -1), p=0.5, training=True)
+    assert_close(dropped, (probs @ v).double())

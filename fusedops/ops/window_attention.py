@@ -265,3 +265,30 @@ def window_attention(
     mask = attn_mask.contiguous() if attn_mask is not None else None
     out, _ = WINDOW_ATTENTION(q, k, v, bias, mask, scale, backend)
     return out
+
+
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code (the Swin hook's
+    ``_window_attention_core`` signature): ``window_attention`` when it can take the call, else
+    the same math unfused (attention dropout while training, N > 256, other head dims).
+
+    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)`` or ``(1, heads, N, N)``;
+    mask ``(nW, N, N)`` or None. Returns ``(batch * nW, heads, N, d)`` in q's dtype.
+    """
+    if bias is not None and bias.dim() == 4:
+        bias = bias.squeeze(0)
+    n, d = q.shape[-2:]
+    if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
+        return window_attention(q, k, v, bias, mask, scale)
+    probs = torch.softmax(_scores(q, k, bias, mask, scale), dim=-1)
+    probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
+    return torch.matmul(probs.to(v.dtype), v)

@@ -45,6 +45,7 @@ CASES = {
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DIRECTIONS = ("fwd", "fwd+bwd")
+PROVIDERS = ("fusedops-triton", "fusedops-cuda", "torch-eager", "torch-sdpa", "torch-compile")
 
 
 def eager_attention(q, k, v, bias, mask):
@@ -141,6 +142,9 @@ def parse_args():
     for name in args.dtypes.split(","):
         if name not in DTYPES:
             parser.error(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    for name in (args.providers or "").split(",") if args.providers else []:
+        if name not in PROVIDERS:
+            parser.error(f"unknown provider {name!r}; choose from {', '.join(PROVIDERS)}")
     return args
 
 

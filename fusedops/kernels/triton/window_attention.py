@@ -37,8 +37,8 @@ from fusedops import _alloc, dispatch
 MAX_BLOCK = 64
 #: The backward's key block for d = 128 (k, v, dk, dv tiles held per program).
 BACKWARD_BLOCK_D128 = 32
-#: Programs the backward aims for per SM (their windows loop inside).
-PROGRAMS_PER_SM = 4
+#: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
+PROGRAMS_PER_SM = 8
 #: Window groups G of a CPU (interpreter) run: small, but more than one.
 INTERPRETER_GROUPS = 2
 

@@ -13,6 +13,8 @@
 # overhead: host time per call of small ops (benchmarks/overhead.py). bench-xla: ViT-B/16
 # training step, eager vs partial_trace(xla) vs inductor (e.g. bench-xla:500 with
 # BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model).
+# bench-window_attention: Swin-T stage shapes vs eager/SDPA/compile (e.g. bench-window_attention:600).
+# bench-swin: Swin-T training step, 4 configurations in subprocesses (e.g. bench-swin:1800).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"

@@ -22,8 +22,19 @@ _ATTRIBUTES = {
     "bias_dropout_add_fused_inference": "fusedops.ops.bias_dropout_add",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
+    "window_attention": "fusedops.ops.window_attention",
 }
-_SUBMODULES = ("dispatch", "hooks", "kernels", "nn", "ops", "optim", "testing", "xla")
+_SUBMODULES = (
+    "dispatch",
+    "hooks",
+    "integrations",
+    "kernels",
+    "nn",
+    "ops",
+    "optim",
+    "testing",
+    "xla",
+)
 
 __all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 

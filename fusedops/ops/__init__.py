@@ -3,7 +3,7 @@
 import importlib
 
 #: Every op module; importing one registers its op with the dispatcher.
-OP_MODULES = ("quick_gelu", "layer_norm", "adam", "bias_dropout_add")
+OP_MODULES = ("quick_gelu", "layer_norm", "adam", "bias_dropout_add", "window_attention")
 
 
 def load_all() -> None:

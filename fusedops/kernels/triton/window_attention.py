@@ -1,0 +1,542 @@
+"""Window attention Triton kernels (flash style): scores are never written to memory.
+
+Layout: q, k, v, dout ``(Z, H, N, D)`` with any strides over (Z, H, N) and stride 1 over D;
+out, dq, dk, dv contiguous; bias ``(H, N, N)`` and mask ``(nW, N, N)`` contiguous, read as they
+are (window z reads ``mask[z % nW]``) and converted to fp32. Scores, softmax statistics and
+every accumulator are fp32; the products P @ V, dS @ K... take P / dS in the input dtype, as
+flash attention does.
+
+Forward (``_forward_kernel``): one program per (query block, window * head) loops over key
+blocks with an online softmax; it writes out and the row logsumexp (+inf for a row whose
+scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward).
+
+Backward (``_backward_kernel``): one program per (key block, head, group g); it loops over the
+windows ``g, g + G, ...`` and, per window, over query blocks, recomputing ``P = exp(S - lse)``
+and accumulating dk, dv for its key block. The softmax backward's ``delta = rowsum(P dP)`` is
+exact (not ``rowsum(dO * O)`` with O rounded to the input dtype, which flash attention uses and
+which cost d_bias several bf16 ulps at d = 128). When one key block covers the window (N <=
+block, Swin's 7x7 windows) the program holds whole rows: it takes delta from them and writes dq
+too. Otherwise ``_backward_dq_kernel`` runs first (one program per query block and window *
+head): one pass over the key blocks for delta, a second for dq. d_bias: each program adds its
+dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block covers the
+window, else in its own region of the partial buffer); the partials are then summed over G in
+one fixed order. No atomics: the same bits on every run.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from fusedops import _alloc, dispatch
+
+#: Key/query block of the kernels; windows longer than this take several blocks.
+MAX_BLOCK = 64
+#: The backward's key block for d = 128 (k, v, dk, dv tiles held per program).
+BACKWARD_BLOCK_D128 = 32
+#: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
+PROGRAMS_PER_SM = 8
+#: Window groups G of a CPU (interpreter) run: small, but more than one.
+INTERPRETER_GROUPS = 2
+
+
+@triton.jit
+def _load_rows(base, rows, stride_n, N, D: tl.constexpr):
+    """Rows ``rows`` (masked to < N, zero elsewhere) of a (N, D) slice with row stride
+    ``stride_n`` and unit column stride."""
+    cols = tl.arange(0, D)
+    return tl.load(
+        base + rows[:, None] * stride_n + cols[None, :], mask=(rows < N)[:, None], other=0.0
+    )
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` with fp32 accumulation. UPCAST: operands converted to fp32 first (exact for
+    bf16 values; Triton's CPU interpreter multiplies bf16 operands' raw bits otherwise)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _scores(
+    q,
+    k,
+    bias_base,
+    mask_base,
+    rows,
+    cols,
+    N,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """fp32 tile ``q k^T * scale + bias + mask`` for query rows x key cols; -inf at cols >= N."""
+    s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+    inside = (rows < N)[:, None] & (cols < N)[None, :]
+    offsets = rows[:, None] * N + cols[None, :]
+    if HAS_BIAS:
+        s += tl.load(bias_base + offsets, mask=inside, other=0.0).to(tl.float32)
+    if HAS_MASK:
+        s += tl.load(mask_base + offsets, mask=inside, other=0.0).to(tl.float32)
+    return tl.where((cols < N)[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _probs(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    bias_base,
+    mask_base,
+    rows,
+    cols,
+    N,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``P = exp(S - lse)`` and ``dP = dO V^T`` (fp32) for query rows x key cols."""
+    s = _scores(
+        q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
+    )
+    return tl.exp(s - lse[:, None]), _dot(do, tl.trans(v), PRECISION, UPCAST)
+
+
+@triton.jit
+def _forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    mask_ptr,
+    out_ptr,
+    lse_ptr,
+    sqz,
+    sqh,
+    sqn,
+    skz,
+    skh,
+    skn,
+    svz,
+    svh,
+    svn,
+    H,
+    N,
+    num_masks,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    zh = tl.program_id(1).to(tl.int64)
+    z = zh // H
+    h = zh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load_rows(q_ptr + z * sqz + h * sqh, rows, sqn, N, D)
+    k_base = k_ptr + z * skz + h * skh
+    v_base = v_ptr + z * svz + h * svh
+    bias_base = bias_ptr + h * N * N
+    mask_base = mask_ptr + (z % num_masks) * N * N
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, cols, skn, N, D)
+        v = _load_rows(v_base, cols, svn, N, D)
+        s = _scores(
+            q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
+        )
+        new_max = tl.maximum(row_max, tl.max(s, axis=1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: no NaN
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(s - shift[:, None])
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        row_max = new_max
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    nonempty = total > 0.0
+    total = tl.where(nonempty, total, 1.0)
+    out = acc / total[:, None]
+    lse = tl.where(nonempty, shift + tl.log(total), float("inf"))
+    row_ok = rows < N
+    out_rows = zh * N + rows
+    cols_d = tl.arange(0, D)
+    tl.store(
+        out_ptr + out_rows[:, None] * D + cols_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    tl.store(lse_ptr + out_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _backward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    mask_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    dbias_ptr,
+    sqz,
+    sqh,
+    sqn,
+    skz,
+    skh,
+    skn,
+    svz,
+    svh,
+    svn,
+    sdz,
+    sdh,
+    sdn,
+    Z,
+    H,
+    N,
+    num_masks,
+    groups,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    ONE_KEY_BLOCK: tl.constexpr,
+    ONE_QUERY_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    h = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_d = tl.arange(0, D)
+    col_ok = cols < N
+    bias_base = bias_ptr + h * N * N
+    # this program's own fp32 partial of d_bias: (G, H, N, N)[g, h]
+    partial_base = dbias_ptr + (g * H + h) * N * N
+    dbias_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for z in range(g, Z, groups):
+        z64 = tl.cast(z, tl.int64)  # 64-bit offsets (z is an int when interpreted)
+        zh = z64 * H + h
+        k = _load_rows(k_ptr + z64 * skz + h * skh, cols, skn, N, D)
+        v = _load_rows(v_ptr + z64 * svz + h * svh, cols, svn, N, D)
+        mask_base = mask_ptr + (z64 % num_masks) * N * N
+        dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+        for start in range(0, N, BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            q = _load_rows(q_ptr + z64 * sqz + h * sqh, rows, sqn, N, D)
+            do = _load_rows(do_ptr + z64 * sdz + h * sdh, rows, sdn, N, D)
+            lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
+            p, dp = _probs(
+                q,
+                k,
+                v,
+                do,
+                lse,
+                bias_base,
+                mask_base,
+                rows,
+                cols,
+                N,
+                scale,
+                HAS_BIAS,
+                HAS_MASK,
+                PRECISION,
+                UPCAST,
+            )
+            if ONE_KEY_BLOCK:  # every key of these rows is here: rowsum(P dP), exactly
+                delta = tl.sum(p * dp, axis=1)
+            else:  # written by _backward_dq_kernel, which ran first
+                delta = tl.load(delta_ptr + zh * N + rows, mask=rows < N, other=0.0)
+            ds = p * (dp - delta[:, None])
+            dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+            dk += _dot(tl.trans(ds.to(q.dtype)), q, PRECISION, UPCAST)
+            if ONE_KEY_BLOCK:  # this program sees every key of these rows: dq is complete
+                dq = _dot(ds.to(k.dtype), k, PRECISION, UPCAST) * scale
+                tl.store(
+                    dq_ptr + (zh * N + rows)[:, None] * D + cols_d[None, :],
+                    dq.to(dq_ptr.dtype.element_ty),
+                    mask=(rows < N)[:, None],
+                )
+            if BIAS_GRAD:
+                if ONE_QUERY_BLOCK:
+                    dbias_acc += ds
+                else:
+                    tile = partial_base + rows[:, None] * N + cols[None, :]
+                    inside = (rows < N)[:, None] & col_ok[None, :]
+                    tl.store(tile, tl.load(tile, mask=inside, other=0.0) + ds, mask=inside)
+        out_cols = (zh * N + cols)[:, None] * D + cols_d[None, :]
+        tl.store(dk_ptr + out_cols, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_ok[:, None])
+        tl.store(dv_ptr + out_cols, dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None])
+    if BIAS_GRAD and ONE_QUERY_BLOCK:
+        rows = tl.arange(0, BLOCK_M)
+        tl.store(
+            partial_base + rows[:, None] * N + cols[None, :],
+            dbias_acc,
+            mask=(rows < N)[:, None] & col_ok[None, :],
+        )
+
+
+@triton.jit
+def _backward_dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    mask_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    sqz,
+    sqh,
+    sqn,
+    skz,
+    skh,
+    skn,
+    svz,
+    svh,
+    svn,
+    sdz,
+    sdh,
+    sdn,
+    H,
+    N,
+    num_masks,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    zh = tl.program_id(1).to(tl.int64)
+    z = zh // H
+    h = zh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load_rows(q_ptr + z * sqz + h * sqh, rows, sqn, N, D)
+    do = _load_rows(do_ptr + z * sdz + h * sdh, rows, sdn, N, D)
+    lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
+    bias_base = bias_ptr + h * N * N
+    mask_base = mask_ptr + (z % num_masks) * N * N
+    k_base = k_ptr + z * skz + h * skh
+    v_base = v_ptr + z * svz + h * svh
+    delta = tl.zeros([BLOCK_M], dtype=tl.float32)
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # phase 0: delta = rowsum(P dP) over every key block (exact, unlike rowsum(dO * O) with O
+    # rounded to the input dtype), stored for the dk/dv kernel; phase 1: dq
+    for phase in tl.static_range(2):
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            k = _load_rows(k_base, cols, skn, N, D)
+            v = _load_rows(v_base, cols, svn, N, D)
+            p, dp = _probs(
+                q,
+                k,
+                v,
+                do,
+                lse,
+                bias_base,
+                mask_base,
+                rows,
+                cols,
+                N,
+                scale,
+                HAS_BIAS,
+                HAS_MASK,
+                PRECISION,
+                UPCAST,
+            )
+            if phase == 0:
+                delta += tl.sum(p * dp, axis=1)
+            else:
+                dq += _dot((p * (dp - delta[:, None])).to(k.dtype), k, PRECISION, UPCAST)
+        if phase == 0:
+            tl.store(delta_ptr + zh * N + rows, delta, mask=rows < N)
+    cols_d = tl.arange(0, D)
+    tl.store(
+        dq_ptr + (zh * N + rows)[:, None] * D + cols_d[None, :],
+        (dq * scale).to(dq_ptr.dtype.element_ty),
+        mask=(rows < N)[:, None],
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Launchers.
+
+
+def _block(n: int, limit: int = MAX_BLOCK) -> int:
+    """Block covering n tokens (at least 16, the smallest tl.dot), at most ``limit``."""
+    return min(max(16, triton.next_power_of_2(n)), limit)
+
+
+def _warps(block: int) -> int:
+    return 4 if block >= 64 else 2
+
+
+def _dot_options(dtype: torch.dtype) -> dict:
+    """PRECISION: fp32 inputs get full fp32 products (TF32 would miss the fp32 tolerance),
+    16-bit ones the default. UPCAST: bf16 products in fp32 under the CPU interpreter."""
+    return {
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "UPCAST": dtype == torch.bfloat16 and dispatch.triton_interpreter(),
+    }
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.numel() == 0 else t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _groups(q: torch.Tensor, key_blocks: int) -> int:
+    """Window groups G of the backward: enough programs to fill the GPU, at most one per
+    window. Fixed for a device and shape, so d_bias is summed in the same order every run."""
+    windows, heads = q.shape[0], q.shape[1]
+    if windows == 0:
+        return 0
+    if q.device.type != "cuda" or dispatch.triton_interpreter():
+        return min(windows, INTERPRETER_GROUPS)
+    target = PROGRAMS_PER_SM * _multiprocessors(q.device.index or 0)
+    return min(windows, max(1, -(-target // max(heads * key_blocks, 1))))
+
+
+def _dummy(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((1,), dtype=torch.float32)
+
+
+def forward(q, k, v, bias, mask, scale):
+    """(out, lse) of window attention; shapes and layout in the module docstring."""
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    windows, heads, n, d = q.shape
+    out = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _alloc.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return out, lse
+    block = _block(n)
+    dummy = _dummy(q)
+    grid = (triton.cdiv(n, block), windows * heads)
+    _forward_kernel[grid](
+        q,
+        k,
+        v,
+        bias if bias is not None else dummy,
+        mask if mask is not None else dummy,
+        out,
+        lse,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        heads,
+        n,
+        mask.shape[0] if mask is not None else 1,
+        scale,
+        HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None,
+        BLOCK_M=block,
+        BLOCK_N=block,
+        D=d,
+        num_warps=_warps(block),
+        **_dot_options(q.dtype),
+    )
+    return out, lse
+
+
+def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``). ``out`` is
+    not read: the softmax backward's rowsum is taken from P dP."""
+    q, k, v, dout = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(dout)
+    windows, heads, n, d = q.shape
+    dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = _alloc.empty(v.shape, dtype=v.dtype, device=v.device)
+    block_m = _block(n)
+    block_n = _block(n, BACKWARD_BLOCK_D128 if d == 128 else MAX_BLOCK)
+    key_blocks = triton.cdiv(n, block_n)
+    groups = _groups(q, key_blocks)
+    bias_grad = bias_grad and bias is not None
+    partial = None
+    if bias_grad:  # zeros: a region summed across query blocks starts at 0 (and G = 0 sums to 0)
+        partial = torch.zeros((groups, heads, n, n), dtype=torch.float32, device=q.device)
+    if q.numel() == 0:
+        return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None
+    dummy = _dummy(q)
+    inputs = (
+        q,
+        k,
+        v,
+        bias if bias is not None else dummy,
+        mask if mask is not None else dummy,
+        dout,
+        lse,
+    )
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
+    num_masks = mask.shape[0] if mask is not None else 1
+    options = dict(
+        HAS_BIAS=bias is not None,
+        HAS_MASK=mask is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        D=d,
+        num_warps=_warps(max(block_m, block_n)),
+        **_dot_options(q.dtype),
+    )
+    one_key_block = key_blocks == 1
+    delta = dummy
+    if not one_key_block:  # dq and the rows' delta first: the dk/dv kernel reads delta
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        _backward_dq_kernel[(triton.cdiv(n, block_m), windows * heads)](
+            *inputs, delta, dq, *strides, heads, n, num_masks, scale, **options
+        )
+    _backward_kernel[(key_blocks, heads, groups)](
+        *inputs,
+        delta,
+        dq,
+        dk,
+        dv,
+        partial if partial is not None else dummy,
+        *strides,
+        windows,
+        heads,
+        n,
+        num_masks,
+        groups,
+        scale,
+        BIAS_GRAD=bias_grad,
+        ONE_KEY_BLOCK=one_key_block,
+        ONE_QUERY_BLOCK=block_m >= n,
+        **options,
+    )
+    return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None

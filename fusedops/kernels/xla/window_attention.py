@@ -1,0 +1,60 @@
+"""Window attention in XLA, forward and backward, with fusedops' semantics (ops/window_attention):
+scores and statistics in fp32 for 16-bit inputs, window z reading ``mask[z % nW]``, a fully
+masked row giving zeros with logsumexp +inf, d_bias summed over windows."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from fusedops.xla.lower import register, upcast
+
+fusedops = torch.ops.fusedops
+
+
+def _product(spec, a, b):
+    """einsum at full precision (no TF32 on a GPU), as the kernels compute."""
+    return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST)
+
+
+def _scores(q, k, bias, mask, scale):
+    c = upcast(q)
+    s = _product("zhnd,zhmd->zhnm", c, k.astype(c.dtype)) * scale
+    if bias is not None:
+        s = s + bias.astype(c.dtype)
+    if mask is not None:
+        windows = mask.shape[0]
+        by_image = s.reshape(s.shape[0] // windows, windows, *s.shape[1:])
+        s = (by_image + mask.astype(c.dtype)[None, :, None]).reshape(s.shape)
+    return s
+
+
+@register(fusedops.window_attention.default)
+def window_attention(q, k, v, bias, mask, scale, backend=None):
+    s = _scores(q, k, bias, mask, scale)
+    row_max = jnp.max(s, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isneginf(row_max), 0.0, row_max)
+    p = jnp.exp(s - row_max)
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    nonempty = total > 0
+    out = _product("zhnm,zhmd->zhnd", p, v.astype(s.dtype)) / jnp.where(nonempty, total, 1.0)
+    lse = jnp.where(nonempty, row_max + jnp.log(jnp.where(nonempty, total, 1.0)), jnp.inf)
+    return out.astype(q.dtype), lse[..., 0]
+
+
+@register(fusedops.window_attention_backward.default)
+def window_attention_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+    s = _scores(q, k, bias, mask, scale)
+    p = jnp.exp(s - lse.astype(s.dtype)[..., None])
+    do = dout.astype(s.dtype)
+    dv = _product("zhnm,zhnd->zhmd", p, do)
+    dp = _product("zhnd,zhmd->zhnm", do, v.astype(s.dtype))
+    ds = p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
+    dq = _product("zhnm,zhmd->zhnd", ds, k.astype(s.dtype)) * scale
+    dk = _product("zhnm,zhnd->zhmd", ds, q.astype(s.dtype)) * scale
+    if bias_grad and bias is not None:
+        dbias = jnp.sum(ds, axis=0).astype(bias.dtype)
+    else:
+        dbias = jnp.zeros((0,), dtype=q.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbias

@@ -1,0 +1,294 @@
+"""Window attention (Swin): ``softmax(q @ k^T * scale + bias + mask) @ v`` per window and head.
+
+Shapes: q, k, v ``(Z, H, N, d)`` with ``Z = batch * nW`` windows (windows of one image
+consecutive, as Swin lays them out), H heads, N tokens per window, d the head dim;
+relative_pos_bias ``(H, N, N)`` shared by every window; attn_mask ``(nW, N, N)``, window ``z``
+using ``attn_mask[z % nW]``. The output is ``(Z, H, N, d)`` in q's dtype.
+
+Softmax statistics are fp32 (fp64 for fp64 inputs on the reference backend). A query row whose
+scores are all -inf (fully masked) gives a zero output row and zero gradients, never NaN; its
+saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the backward.
+
+Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(P dP))``
+(every backend takes the rowsum from P dP, not from dO * O with O rounded), ``dQ = dS K * scale``,
+``dK = dS^T Q * scale`` and ``d_bias = sum over windows of dS`` (deterministic: per-program fp32
+partials, then one fixed-order sum). The mask gets no gradient.
+
+Every backend exposes ``forward(q, k, v, bias, mask, scale) -> (out, lse)`` (lse ``(Z, H, N)``)
+and ``backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
+(dbias None unless ``bias_grad``). q, k, v and dout may be strided views (last dim stride 1 for
+the kernels); bias and mask are contiguous.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from fusedops import dispatch
+from fusedops.ops._checks import check_same_device, check_tensor
+from fusedops.ops._define import define_op
+
+#: Largest window (tokens per window) the kernels take.
+MAX_TOKENS = 256
+#: Head dims the kernels take.
+HEAD_DIMS = (16, 32, 64, 128)
+#: dtypes of bias and mask the kernels read (converted to fp32 as they are read).
+KERNEL_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# ------------------------------------------------------------------------------------------
+# Reference implementation (plain PyTorch): the CPU path and the test oracle.
+
+
+def _compute_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _scores(q, k, bias, mask, scale):
+    """``q @ k^T * scale + bias + mask[z % nW]`` in the compute dtype, (Z, H, N, N)."""
+    c = _compute_dtype(q)
+    s = torch.matmul(q.to(c), k.to(c).transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.to(c)
+    if mask is not None:
+        windows = mask.shape[0]
+        by_image = s.view(s.shape[0] // windows, windows, *s.shape[1:])
+        s = (by_image + mask.to(c)[None, :, None]).view(s.shape)
+    return s
+
+
+def _ref_forward(q, k, v, bias, mask, scale):
+    s = _scores(q, k, bias, mask, scale)
+    row_max = s.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    p = torch.exp(s - row_max)
+    total = p.sum(dim=-1, keepdim=True)
+    nonempty = total > 0
+    out = torch.matmul(p, v.to(s.dtype)) / torch.where(nonempty, total, torch.ones_like(total))
+    lse = torch.where(nonempty, row_max + torch.log(total), torch.full_like(total, float("inf")))
+    return out.to(q.dtype), lse.squeeze(-1)
+
+
+def _ref_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+    s = _scores(q, k, bias, mask, scale)
+    c = s.dtype
+    p = torch.exp(s - lse.to(c)[..., None])
+    do = dout.to(c)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    dp = torch.matmul(do, v.to(c).transpose(-1, -2))
+    ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+    dq = torch.matmul(ds, k.to(c)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.to(c)) * scale
+    dbias = ds.sum(dim=0).to(bias.dtype) if bias_grad else None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias
+
+
+reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
+
+
+def _kernel_check(backend, q, k, v, bias, mask) -> list[str]:
+    if backend == "reference":
+        return []
+    return [
+        f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
+        for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))
+        if t is not None and t.dtype not in KERNEL_PARAM_DTYPES
+    ]
+
+
+dispatch.register_op(
+    "window_attention",
+    reference,
+    triton_module="fusedops.kernels.triton.window_attention",
+    cuda_module="fusedops.kernels.cuda.window_attention",
+    # The Triton kernel is the fused one; the CUDA path is cuBLAS products around fused
+    # softmax kernels (see README). Order to be revisited with bench_window_attention results.
+    preference=("triton", "cuda"),
+    check=_kernel_check,
+)
+
+# ------------------------------------------------------------------------------------------
+# Custom ops: fusedops::window_attention -> (out, lse) and its backward.
+
+
+def _select(q, k, v, bias, mask, backend):
+    return dispatch.select("window_attention", q, k, v, bias, mask, backend=backend)
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _select(q, k, v, bias, mask, backend).forward(q, k, v, bias, mask, scale)
+
+
+def _forward_fake(q, k, v, bias, mask, scale, backend=None):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty(q.shape[:-1], dtype=_compute_dtype(q))
+
+
+def _backward_body(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    bias_grad: bool,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    impl = _select(q, k, v, bias, mask, backend)
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad)
+    # custom ops return tensors only: an absent gradient travels as an empty tensor
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty((0,))
+
+
+def _backward_fake(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+    def like(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    dbias = like(bias) if bias_grad and bias is not None else q.new_empty((0,))
+    return like(q), like(k), like(v), dbias
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, mask, scale, backend = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+    ctx.scale = scale
+    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
+    ctx.backend = dispatch.requested(backend)
+
+
+def _grads(ctx, backward, dout, _dlse):
+    q, k, v, bias, mask, out, lse = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias = backward(
+        dout, q, k, v, bias, mask, out, lse, ctx.scale, bias_grad, ctx.backend
+    )
+    return dq, dk, dv, dbias if bias_grad else None, None, None, None
+
+
+WINDOW_ATTENTION = define_op(
+    "window_attention",
+    forward=_forward,
+    fake=_forward_fake,
+    backward=_backward_body,
+    backward_fake=_backward_fake,
+    setup_context=_setup_context,
+    grads=_grads,
+)
+
+# ------------------------------------------------------------------------------------------
+# Public function and its input checks.
+
+
+def _check_inputs(q, k, v, bias, mask) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name)
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D (windows, heads, N, d), got shape {tuple(q.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape != q.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected q's {tuple(q.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected q's {q.dtype}")
+    windows, heads, n, d = q.shape
+    if not 1 <= n <= MAX_TOKENS:
+        raise ValueError(f"q has N={n} tokens per window; window_attention takes 1 to {MAX_TOKENS}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}")
+    param_dtypes = (*KERNEL_PARAM_DTYPES, q.dtype)
+    if bias is not None:
+        check_tensor(bias, "relative_pos_bias", param_dtypes)
+        if tuple(bias.shape) != (heads, n, n):
+            raise ValueError(
+                f"relative_pos_bias has shape {tuple(bias.shape)}; expected (heads, N, N) = "
+                f"{(heads, n, n)}"
+            )
+    if mask is not None:
+        check_tensor(mask, "attn_mask", param_dtypes)
+        if mask.dim() != 3 or tuple(mask.shape[1:]) != (n, n) or mask.shape[0] < 1:
+            raise ValueError(
+                f"attn_mask has shape {tuple(mask.shape)}; expected (nW, N, N) with N={n}"
+            )
+        if windows % mask.shape[0]:
+            raise ValueError(
+                f"attn_mask has nW={mask.shape[0]} windows but q has {windows} (batch * nW) "
+                "windows: the batch must be a multiple of nW"
+            )
+        if mask.requires_grad:
+            raise ValueError(
+                "attn_mask requires grad, but window_attention gives no gradient for it; pass a "
+                "learned term as relative_pos_bias (or detach the mask)"
+            )
+    check_same_device(q, "q", k=k, v=v, relative_pos_bias=bias, attn_mask=mask)
+
+
+def window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    relative_pos_bias: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Swin window attention ``softmax(q @ k^T * scale + relative_pos_bias + mask) @ v``.
+
+    q, k, v: ``(batch * nW, heads, N, d)``, float16/bfloat16/float32 (float64 on the reference
+    backend), N in 1..256, d in {16, 32, 64, 128}; strided views are fine.
+    relative_pos_bias: ``(heads, N, N)`` or None; differentiable (its gradient is summed over
+    windows). attn_mask: ``(nW, N, N)`` or None (e.g. Swin's -100 shift mask, or -inf); window
+    ``z`` uses ``attn_mask[z % nW]``; not differentiable. Their dtype may differ from q's
+    (float32 bias with bfloat16 q under autocast). scale: default ``d ** -0.5``.
+    Returns ``(batch * nW, heads, N, d)`` contiguous, q's dtype; a fully masked query row gives
+    zeros. Works under torch.compile (one custom op per direction) and fusedops.xla.
+    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    """
+    _check_inputs(q, k, v, relative_pos_bias, attn_mask)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    bias = relative_pos_bias.contiguous() if relative_pos_bias is not None else None
+    mask = attn_mask.contiguous() if attn_mask is not None else None
+    out, _ = WINDOW_ATTENTION(q, k, v, bias, mask, scale, backend)
+    return out
+
+
+def attention_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+    training: bool = False,
+) -> torch.Tensor:
+    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code (the Swin hook's
+    ``_window_attention_core`` signature): ``window_attention`` when it can take the call, else
+    the same math unfused (attention dropout while training, N > 256, other head dims).
+
+    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)`` or ``(1, heads, N, N)``;
+    mask ``(nW, N, N)`` or None. Returns ``(batch * nW, heads, N, d)`` in q's dtype.
+    """
+    if bias is not None and bias.dim() == 4:
+        bias = bias.squeeze(0)
+    n, d = q.shape[-2:]
+    if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
+        return window_attention(q, k, v, bias, mask, scale)
+    probs = torch.softmax(_scores(q, k, bias, mask, scale), dim=-1)
+    probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
+    return torch.matmul(probs.to(v.dtype), v)

@@ -495,6 +495,7 @@ void bias_dropout_add_backward(const at::Tensor& grad, at::Tensor& grad_x, at::T
                    dtype_of(grad_x, "grad_x"), partial_ptr, grad_bias_ptr, partial.size(0),
                    cols > 0 ? grad.numel() / cols : 0, cols, params, current_stream()),
                "bias_dropout_add_backward");
+}
 
 // Window attention's softmax kernels (window_attention.cu); the products around them are torch
 // matmuls (cuBLAS) in kernels/cuda/window_attention.py, which also allocates every tensor here.
@@ -601,6 +602,7 @@ TORCH_LIBRARY(fusedops_cuda, m) {
   m.def(
       "bias_dropout_add_backward(Tensor grad, Tensor(a!) grad_x, Tensor(b!) partial, "
       "Tensor(c!) grad_bias, Tensor? seed, int threshold, float scale, int mode) -> ()");
+  m.def(
       "window_attention_softmax_forward(Tensor scores, Tensor? bias, Tensor? mask, float scale, "
       "Tensor(a!) probs, Tensor(b!) lse) -> ()");
   m.def(

@@ -19,6 +19,9 @@ _ATTRIBUTES = {
     "use_backend": "fusedops.dispatch",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
+    "window_partition_roll": "fusedops.ops.window_process",
+    "window_reverse_roll": "fusedops.ops.window_process",
+    "swin_attention_softmax": "fusedops.ops.swin_softmax",
 }
 _SUBMODULES = ("dispatch", "hooks", "kernels", "nn", "ops", "optim", "testing", "xla")
 

@@ -2,5 +2,13 @@
 
 from fusedops.nn.layer_norm import LayerNorm, RMSNorm
 from fusedops.nn.quick_gelu import QuickGELU
+from fusedops.nn.swin import FusedSwinFmha, WindowProcess, WindowProcessReverse
 
-__all__ = ["LayerNorm", "QuickGELU", "RMSNorm"]
+__all__ = [
+    "FusedSwinFmha",
+    "LayerNorm",
+    "QuickGELU",
+    "RMSNorm",
+    "WindowProcess",
+    "WindowProcessReverse",
+]

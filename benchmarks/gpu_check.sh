@@ -12,7 +12,8 @@
 # PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
 # overhead: host time per call of small ops (benchmarks/overhead.py). bench-xla: ViT-B/16
 # training step, eager vs partial_trace(xla) vs inductor (e.g. bench-xla:500 with
-# BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model).
+# BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model). bench-swin_ops:
+# Swin window gathers and attention softmax at Swin-T's four stages (BENCH_ARGS="--dtypes ...").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"

@@ -53,6 +53,8 @@ def test_demo_prints_the_table():
     # the hooks configuration really ran the fused classes and recorded each op's backend
     for needle in ("FusedAdamW", "fusedops.nn.layer_norm.LayerNorm", "quick_gelu", "ran on"):
         assert needle in done.stdout
+    # the Swin stage: transformers' Swin trained with the swin hook, its fused ops recorded
+    assert "fusedops swin hook" in done.stdout and "swin_attention_softmax   ran on" in done.stdout
 
 
 def _cuda_include_dir() -> str | None:

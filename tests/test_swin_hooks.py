@@ -400,3 +400,151 @@ def test_timm_shape_without_attn_method_is_refused():
             is SwinTransformerBlock
         )
     assert "no _attn method" in str(caught[0].message)
+
+
+# ------------------------------------------------------------------------------------------
+# transformers 4.x code shape (SwinSelfAttention with query/key/value and a bias table inside
+# SwinAttention, head_mask / output_attentions arguments, tuple outputs), as stand-in classes.
+
+
+def _transformers4_swin_classes():
+    from torch import nn
+
+    class SwinSelfAttention(nn.Module):
+        def __init__(self, dim, heads, window):
+            super().__init__()
+            self.num_attention_heads, self.attention_head_size = heads, dim // heads
+            self.all_head_size, self.window_size = dim, (window, window)
+            self.relative_position_bias_table = nn.Parameter(
+                torch.randn((2 * window - 1) ** 2, heads)
+            )
+            index = modeling_swin.SwinRelativePositionBias(heads, self.window_size)
+            self.register_buffer("relative_position_index", index.relative_position_index.clone())
+            self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+            self.dropout = nn.Dropout(0.0)
+
+        def forward(
+            self, hidden_states, attention_mask=None, head_mask=None, output_attentions=False
+        ):
+            b, n, _ = hidden_states.shape
+            heads = self.num_attention_heads
+
+            def split(x):
+                return x.view(b, n, heads, self.attention_head_size).permute(0, 2, 1, 3)
+
+            q, k, v = (split(f(hidden_states)) for f in (self.query, self.key, self.value))
+            scores = q @ k.transpose(-1, -2) / self.attention_head_size**0.5
+            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+            scores = scores + bias.view(n, n, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+            if attention_mask is not None:
+                nw = attention_mask.shape[0]
+                scores = scores.view(b // nw, nw, heads, n, n) + attention_mask.unsqueeze(
+                    1
+                ).unsqueeze(0)
+                scores = scores.view(-1, heads, n, n)
+            probs = self.dropout(nn.functional.softmax(scores, dim=-1))
+            if head_mask is not None:
+                probs = probs * head_mask
+            context = (probs @ v).permute(0, 2, 1, 3).reshape(b, n, self.all_head_size)
+            return (context, probs) if output_attentions else (context,)
+
+    class SwinSelfOutput(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.dense = nn.Linear(dim, dim)
+
+        def forward(self, hidden_states, input_tensor):
+            return self.dense(hidden_states)
+
+    class SwinAttention(nn.Module):
+        def __init__(self, dim, heads, window):
+            super().__init__()
+            self.self = SwinSelfAttention(dim, heads, window)
+            self.output = SwinSelfOutput(dim)
+
+        def forward(
+            self, hidden_states, attention_mask=None, head_mask=None, output_attentions=False
+        ):
+            outputs = self.self(hidden_states, attention_mask, head_mask, output_attentions)
+            return (self.output(outputs[0], hidden_states),) + outputs[1:]
+
+    class SwinLayer(nn.Module):
+        set_shift_and_window_size = modeling_swin.SwinLayer.set_shift_and_window_size
+        get_attn_mask = modeling_swin.SwinLayer.get_attn_mask
+        maybe_pad = modeling_swin.SwinLayer.maybe_pad
+
+        def __init__(self, dim, heads, window, shift):
+            super().__init__()
+            self.window_size, self.shift_size = window, shift
+            self.layernorm_before, self.layernorm_after = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.attention = SwinAttention(dim, heads, window)
+            self.drop_path = nn.Identity()
+            self.intermediate = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU())
+            self.output = nn.Linear(2 * dim, dim)
+
+        def forward(
+            self, hidden_states, input_dimensions, head_mask=None, output_attentions=False,
+            always_partition=False,
+        ):  # fmt: skip
+            if not always_partition:
+                self.set_shift_and_window_size(input_dimensions)
+            height, width = input_dimensions
+            batch, _, channels = hidden_states.size()
+            shortcut = hidden_states
+            hidden_states = self.layernorm_before(hidden_states).view(
+                batch, height, width, channels
+            )
+            hidden_states, pad_values = self.maybe_pad(hidden_states, height, width)
+            _, height_pad, width_pad, _ = hidden_states.shape
+            if self.shift_size > 0:
+                shift = (-self.shift_size, -self.shift_size)
+                hidden_states = torch.roll(hidden_states, shifts=shift, dims=(1, 2))
+            windows = modeling_swin.window_partition(hidden_states, self.window_size)
+            windows = windows.view(-1, self.window_size * self.window_size, channels)
+            mask = self.get_attn_mask(
+                height_pad, width_pad, dtype=windows.dtype, device=windows.device
+            )
+            outputs = self.attention(windows, mask, head_mask, output_attentions=output_attentions)
+            windows = outputs[0].view(-1, self.window_size, self.window_size, channels)
+            shifted = modeling_swin.window_reverse(windows, self.window_size, height_pad, width_pad)
+            if self.shift_size > 0:
+                shift = (self.shift_size, self.shift_size)
+                shifted = torch.roll(shifted, shifts=shift, dims=(1, 2))
+            if pad_values[3] > 0 or pad_values[5] > 0:
+                shifted = shifted[:, :height, :width, :].contiguous()
+            hidden_states = shortcut + self.drop_path(shifted.view(batch, height * width, channels))
+            layer_output = self.intermediate(self.layernorm_after(hidden_states))
+            layer_output = hidden_states + self.output(layer_output)
+            return (layer_output, outputs[1]) if output_attentions else (layer_output,)
+
+    return SwinLayer, SwinAttention
+
+
+@pytest.mark.parametrize("use_head_mask", [False, True], ids=["fused", "head_mask"])
+def test_transformers_4x_code_shape(use_head_mask):
+    from fusedops.nn import swin, swin_transformers
+
+    layer_class, attention_class = _transformers4_swin_classes()
+    torch.manual_seed(0)
+    ref = layer_class(16, 2, 4, 2)
+    layer = copy.deepcopy(ref)
+    layer.__class__ = swin.fused_subclass(layer_class, swin_transformers.recognise)
+    layer.attention.__class__ = swin.fused_subclass(attention_class, swin_transformers.recognise)
+    assert layer.__class__._fusedops_fused and layer.attention.__class__._fusedops_fused
+    x = random_tensor((2, 81, 16))  # a 9x9 map: padded to 12x12, shift 2
+    head_mask = torch.tensor([1.0, 0.5])[None, :, None, None] if use_head_mask else None
+    fusedops.dispatch.last_used.clear()
+    out = layer(x, (9, 9), head_mask, output_attentions=True)
+    assert "window_partition_roll" in fusedops.dispatch.last_used
+    # a head_mask runs the model's own attention code
+    assert ("swin_attention_softmax" in fusedops.dispatch.last_used) != use_head_mask
+    expected = ref(x, (9, 9), head_mask, output_attentions=True)
+    assert len(out) == len(expected) == 2
+    assert_close(out[0], expected[0], dtype=torch.float32, scale=4.0)
+    assert_close(out[1], expected[1], dtype=torch.float32, scale=4.0)
+    out[0].square().sum().backward()
+    expected[0].square().sum().backward()
+    want = dict(ref.named_parameters())
+    for name, p in layer.named_parameters():
+        assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
+    assert len(layer(x, (9, 9))) == 1  # no attentions asked: a 1-tuple, as 4.x returns

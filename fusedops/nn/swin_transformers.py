@@ -54,24 +54,29 @@ def _windowed_attention(layer, hidden_states, height, width, attend):
     return out.view(batch, height * width, channels), extra
 
 
-def _swin_layer_forward(self, hidden_states, input_dimensions, always_partition=False, **kwargs):
-    # transformers 5.x SwinLayer: pre-norm, mlp, hidden dropout on the attention windows.
+def _pre_norm_attention(layer, hidden_states, input_dimensions, always_partition, attend):
+    """Swin (v1) layer's first half: LayerNorm, windowed attention, drop path, residual.
+    Returns (hidden states (B, H*W, C), extra)."""
     if not always_partition:
-        self.set_shift_and_window_size(input_dimensions)
+        layer.set_shift_and_window_size(input_dimensions)
     height, width = input_dimensions
     batch, _, channels = hidden_states.size()
-    shortcut = hidden_states
-    normed = self.layernorm_before(hidden_states).view(batch, height, width, channels)
+    normed = layer.layernorm_before(hidden_states).view(batch, height, width, channels)
+    attention, extra = _windowed_attention(layer, normed, height, width, attend)
+    return hidden_states + layer.drop_path(attention), extra
 
+
+def _swin_layer_forward(self, hidden_states, input_dimensions, always_partition=False, **kwargs):
+    # transformers 5.x SwinLayer: pre-norm, mlp, hidden dropout on the attention windows.
     def attend(windows, mask):
         out, weights = self.attention(windows, mask, **kwargs)
         return self.dropout(out), weights
 
-    attention, weights = _windowed_attention(self, normed, height, width, attend)
-    hidden_states = shortcut + self.drop_path(attention)
-    residual = hidden_states
-    hidden_states = self.mlp(self.layernorm_after(hidden_states))
-    return self.dropout(hidden_states) + residual, weights
+    hidden_states, weights = _pre_norm_attention(
+        self, hidden_states, input_dimensions, always_partition, attend
+    )
+    mlp_output = self.mlp(self.layernorm_after(hidden_states))
+    return self.dropout(mlp_output) + hidden_states, weights
 
 
 def _swin_layer_forward_v4(
@@ -79,22 +84,15 @@ def _swin_layer_forward_v4(
     always_partition=False,
 ):  # fmt: skip
     # transformers 4.x SwinLayer: pre-norm, intermediate/output, tuple outputs.
-    if not always_partition:
-        self.set_shift_and_window_size(input_dimensions)
-    height, width = input_dimensions
-    batch, _, channels = hidden_states.size()
-    shortcut = hidden_states
-    normed = self.layernorm_before(hidden_states).view(batch, height, width, channels)
-
     def attend(windows, mask):
         outputs = self.attention(windows, mask, head_mask, output_attentions=output_attentions)
         return outputs[0], outputs[1:]
 
-    attention, extra = _windowed_attention(self, normed, height, width, attend)
-    hidden_states = shortcut + self.drop_path(attention)
-    layer_output = hidden_states + self.output(
-        self.intermediate(self.layernorm_after(hidden_states))
+    hidden_states, extra = _pre_norm_attention(
+        self, hidden_states, input_dimensions, always_partition, attend
     )
+    mlp_output = self.output(self.intermediate(self.layernorm_after(hidden_states)))
+    layer_output = hidden_states + mlp_output
     return (layer_output, *extra) if output_attentions else (layer_output,)
 
 

@@ -1,8 +1,9 @@
 """Swin attention softmax in Triton: ``softmax(attn + bias + mask)`` forward, and its backward
 with the bias gradient reduced over windows in fp32 without atomics.
 
-Forward: each program normalises BLOCK_R rows of N scores (one row per (window, head, query)),
-adding bias[head, query] and mask[window % nW, query] as it loads them.
+Forward: program (window, row block) normalises BLOCK_R rows of N scores of one window (a row
+per (head, query)), adding bias[head, query] and mask[window % nW, query] as it loads them; N
+is a compile-time constant, so the only per-row index math is ``row % N`` by a constant.
 Backward: program (row block, chunk) walks the windows of its chunk for BLOCK_R rows of one
 window's (heads*N, N) block, writes d_attn and accumulates dz for the same rows in fp32; the
 partial sums of the chunks are added in a fixed order afterwards.
@@ -26,30 +27,31 @@ def _forward_kernel(
     bias_ptr,
     mask_ptr,
     out_ptr,
-    rows,
-    n,
     heads_n,
-    windows,
+    mask_windows,
+    N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    window = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # head * N + query in the window
     col = tl.arange(0, BLOCK_N)
-    inside = (row < rows)[:, None] & (col < n)[None, :]
-    offsets = row[:, None] * n + col[None, :]
-    z = tl.load(attn_ptr + offsets, mask=inside, other=-float("inf")).to(tl.float32)
-    bias_row = row % heads_n  # (head, query) of this row
-    z += tl.load(bias_ptr + bias_row[:, None] * n + col[None, :], mask=inside, other=0.0)
+    inside = (row < heads_n)[:, None] & (col < N)[None, :]
+    inner = row[:, None] * N + col[None, :]  # bias offsets; within one window too
+    base = window * heads_n * N  # 64-bit offset of the window's scores
+    z = tl.load(attn_ptr + base + inner, mask=inside, other=-float("inf")).to(tl.float32)
+    z += tl.load(bias_ptr + inner, mask=inside, other=0.0)
     if HAS_MASK:
-        mask_row = (row // heads_n) % windows * n + row % n
-        z += tl.load(mask_ptr + mask_row[:, None] * n + col[None, :], mask=inside, other=0.0)
+        mask_base = (window % mask_windows) * N * N
+        mask_offsets = (row % N)[:, None] * N + col[None, :]
+        z += tl.load(mask_ptr + mask_base + mask_offsets, mask=inside, other=0.0)
     top = tl.max(z, axis=1)
     top = tl.where(top == -float("inf"), 0.0, top)  # fully -inf row: every exp is 0
     e = tl.exp(z - top[:, None])
     total = tl.sum(e, axis=1)
     scale = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
-    tl.store(out_ptr + offsets, (e * scale[:, None]).to(out_ptr.dtype.element_ty), mask=inside)
+    tl.store(out_ptr + base + inner, (e * scale[:, None]).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -70,17 +72,18 @@ def _backward_kernel(
     chunk = tl.program_id(1)
     inside = (row < heads_n)[:, None] & (col < n)[None, :]
     inner = row.to(tl.int64)[:, None] * n + col[None, :]
-    block = heads_n.to(tl.int64) * n  # scores per window
+    block = heads_n * n  # scores per window
     acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
     first = chunk * per_chunk
     last = tl.minimum(first + per_chunk, windows)
-    for window in range(first, last):
-        offsets = window * block + inner
-        p = tl.load(probs_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-        g = tl.load(grad_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    base = first.to(tl.int64) * block  # 64-bit offset of the current window
+    for _ in range(first, last):
+        p = tl.load(probs_ptr + base + inner, mask=inside, other=0.0).to(tl.float32)
+        g = tl.load(grad_ptr + base + inner, mask=inside, other=0.0).to(tl.float32)
         dz = p * (g - tl.sum(p * g, axis=1)[:, None])
-        tl.store(dattn_ptr + offsets, dz.to(dattn_ptr.dtype.element_ty), mask=inside)
+        tl.store(dattn_ptr + base + inner, dz.to(dattn_ptr.dtype.element_ty), mask=inside)
         acc += dz
+        base += block
     tl.store(partial_ptr + chunk.to(tl.int64) * block + inner, acc, mask=inside)
 
 
@@ -90,16 +93,15 @@ def _blocks(n: int) -> tuple[int, int]:
 
 
 def forward(attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Probabilities (attn's shape and dtype); attn (B*nW, heads, N, N) contiguous non-empty, bias
-    (heads, N, N) and mask (nW, N, N) or None contiguous fp32."""
+    """Probabilities (attn's shape and dtype); attn (B*nW, heads, N, N) contiguous non-empty,
+    bias (heads, N, N) and mask (nW, N, N) or None contiguous fp32."""
     out = _alloc.empty_like(attn)
-    heads, n = attn.shape[1], attn.shape[-1]
-    rows = attn.numel() // n
+    windows, heads, n = attn.shape[0], attn.shape[1], attn.shape[-1]
     block_r, block_n = _blocks(n)
-    _forward_kernel[(triton.cdiv(rows, block_r),)](
-        attn, bias, mask if mask is not None else bias, out, rows, n, heads * n,
+    _forward_kernel[(windows, triton.cdiv(heads * n, block_r))](
+        attn, bias, mask if mask is not None else bias, out, heads * n,
         mask.shape[0] if mask is not None else 1,
-        HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_N=block_n,
+        N=n, HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_N=block_n,
     )  # fmt: skip
     return out
 

@@ -1,9 +1,13 @@
 """Swin window gathers in Triton: cyclic shift + window partition / window reverse + shift.
 
-One kernel for both directions: each program copies a tile of BLOCK_R output pixels x BLOCK_C
-channels from the source pixel each output pixel comes from (rows of C contiguous elements, so
-every access is coalesced along C). Pixel indices are 64-bit; the batch is folded into the row
-index, so there is no grid-dimension cap on it.
+One kernel for both directions: program (w, c) moves channel block c of window w, a tile of
+(window pixels x BLOCK_C channels). The window's pixels are a contiguous block of rows in the
+windows tensor; pixel (i, j) of window (image, wi, wj) is map pixel
+``((wi*wh + i - shift_h) mod H, (wj*ww + j - shift_w) mod W)`` of that image (partition reads it,
+reverse writes it, with its shift negated). The window size is a compile-time constant, so the
+per-pixel index math is a few multiplies and one conditional add, no division; rows of C
+contiguous channels keep every access coalesced. Offsets are 64-bit; the batch is folded into
+the window index (grid dimension 0, up to 2^31 - 1 windows).
 """
 
 from __future__ import annotations
@@ -22,59 +26,54 @@ TILE = 4096  # elements per program
 def _window_gather_kernel(
     src_ptr,
     dst_ptr,
-    rows,
     channels,
     height,
     width,
-    window_h,
-    window_w,
     shift_h,
     shift_w,
+    WINDOW_H: tl.constexpr,
+    WINDOW_W: tl.constexpr,
     REVERSE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    window = tl.program_id(0).to(tl.int64)
+    windows_h = height // WINDOW_H
+    windows_w = width // WINDOW_W
+    image = window // (windows_h * windows_w)  # scalars: once per program
+    wi = (window // windows_w) % windows_h
+    wj = window % windows_w
+    pixel = tl.arange(0, BLOCK_P)  # pixel (i, j) of the window, row-major
+    h = wi * WINDOW_H + pixel // WINDOW_W - shift_h
+    w = wj * WINDOW_W + pixel % WINDOW_W - shift_w
+    h = tl.where(h < 0, h + height, h)  # shifts are in [0, H) and [0, W): one wrap at most
+    w = tl.where(w < 0, w + width, w)
+    map_row = (image * height + h) * width + w
+    window_row = window * (WINDOW_H * WINDOW_W) + pixel
     col = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    windows_h = height // window_h
-    windows_w = width // window_w
-    if REVERSE:  # dst is the (B, H, W) map, src the windows; shift after the reverse
-        w = row % width
-        t = row // width
-        h = t % height
-        image = t // height
-        h = (h + height - shift_h) % height
-        w = (w + width - shift_w) % width
-        window = (image * windows_h + h // window_h) * windows_w + w // window_w
-        src_row = (window * window_h + h % window_h) * window_w + w % window_w
-    else:  # dst is the windows, src the (B, H, W) map; shift before the partition
-        j = row % window_w
-        t = row // window_w
-        i = t % window_h
-        t = t // window_h
-        wj = t % windows_w
-        t = t // windows_w
-        wi = t % windows_h
-        image = t // windows_h
-        h = (wi * window_h + i + height - shift_h) % height
-        w = (wj * window_w + j + width - shift_w) % width
-        src_row = (image * height + h) * width + w
-    mask = (row < rows)[:, None] & (col < channels)[None, :]
-    values = tl.load(src_ptr + src_row[:, None] * channels + col[None, :], mask=mask)
-    tl.store(dst_ptr + row[:, None] * channels + col[None, :], values, mask=mask)
+    mask = (pixel < WINDOW_H * WINDOW_W)[:, None] & (col < channels)[None, :]
+    map_offsets = map_row[:, None] * channels + col[None, :]
+    window_offsets = window_row[:, None] * channels + col[None, :]
+    if REVERSE:
+        values = tl.load(src_ptr + window_offsets, mask=mask)
+        tl.store(dst_ptr + map_offsets, values, mask=mask)
+    else:
+        values = tl.load(src_ptr + map_offsets, mask=mask)
+        tl.store(dst_ptr + window_offsets, values, mask=mask)
 
 
-def _gather(src, dst, height, width, wh, ww, sh, sw, reverse: bool) -> torch.Tensor:
+def _gather(src, dst, windows, height, width, wh, ww, sh, sw, reverse: bool) -> torch.Tensor:
     channels = dst.shape[-1]
-    rows = dst.numel() // channels if channels else 0
-    if rows == 0:
+    if windows == 0 or channels == 0:
         return dst
-    block_c = min(triton.next_power_of_2(channels), 256)
-    block_r = max(1, TILE // block_c)
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(channels, block_c))
+    block_p = triton.next_power_of_2(wh * ww)
+    block_c = min(triton.next_power_of_2(channels), max(16, TILE // block_p))
+    if reverse:  # the map pixel a window pixel goes to is shifted the other way
+        sh, sw = (height - sh) % height, (width - sw) % width
+    grid = (windows, triton.cdiv(channels, block_c))
     _window_gather_kernel[grid](
-        src, dst, rows, channels, height, width, wh, ww, sh, sw,
-        REVERSE=reverse, BLOCK_R=block_r, BLOCK_C=block_c,
+        src, dst, channels, height, width, sh, sw,
+        WINDOW_H=wh, WINDOW_W=ww, REVERSE=reverse, BLOCK_P=block_p, BLOCK_C=block_c,
     )  # fmt: skip
     return dst
 
@@ -84,7 +83,7 @@ def partition(x: torch.Tensor, wh: int, ww: int, sh: int, sw: int) -> torch.Tens
     0 <= sh < H, 0 <= sw < W."""
     height, width = x.shape[1], x.shape[2]
     out = _alloc.empty(partition_shape(x, wh, ww), dtype=x.dtype, device=x.device)
-    return _gather(x, out, height, width, wh, ww, sh, sw, reverse=False)
+    return _gather(x, out, out.shape[0], height, width, wh, ww, sh, sw, reverse=False)
 
 
 def reverse(windows: torch.Tensor, wh: int, ww: int, height: int, width: int, sh: int, sw: int):
@@ -92,4 +91,4 @@ def reverse(windows: torch.Tensor, wh: int, ww: int, height: int, width: int, sh
     0 <= sh < H, 0 <= sw < W."""
     shape = reverse_shape(windows, wh, ww, height, width)
     out = _alloc.empty(shape, dtype=windows.dtype, device=windows.device)
-    return _gather(windows, out, height, width, wh, ww, sh, sw, reverse=True)
+    return _gather(windows, out, windows.shape[0], height, width, wh, ww, sh, sw, reverse=True)

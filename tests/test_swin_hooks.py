@@ -93,6 +93,26 @@ def test_hooked_model_matches_the_original(model_class, v2):
     assert fusedops.dispatch.last_used["swin_attention_softmax"] == "reference"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_hooked_model_on_gpu_matches_the_original(autocast):
+    config = _config(image_size=64, embed_dim=32, window_size=7)  # 16x16 and 8x8 maps, padded
+    ref = _build(transformers.SwinForImageClassification, config).cuda()
+    model = fusedops.replace_modules(copy.deepcopy(ref), hooks=["swin"])
+    images = random_tensor((4, 3, 64, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        out, expected = model(images).logits, ref(images).logits
+    assert fusedops.dispatch.last_used["window_partition_roll"] == "cuda"
+    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "cuda"
+    dtype = torch.bfloat16 if autocast else torch.float32
+    assert_close(out.float(), expected.float(), dtype=dtype, scale=4.0)
+    out.float().square().sum().backward()
+    expected.float().square().sum().backward()
+    want = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad, want[name].grad, dtype=dtype, scale=16.0, msg=name)
+
+
 def test_ten_adamw_steps_give_the_same_losses():
     config = _config()
     ref = _build(transformers.SwinForImageClassification, config)

@@ -256,6 +256,15 @@ def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
 
 
 @pytest.mark.gpu
+def test_gpu_long_rows_go_to_triton():
+    """N = 2304 (48x48 windows): past the CUDA kernel's 1024, taken by Triton automatically."""
+    attn, bias, mask = _inputs(1, 2, 1, 2304, "-100", torch.float32)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask)
+    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "triton"
+    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
+
+
+@pytest.mark.gpu
 def test_gpu_side_stream():
     attn, bias, mask = _inputs(64, 16, 3, 49, "-100", torch.float16)
     stream = torch.cuda.Stream()

@@ -34,6 +34,16 @@ def _restore_hooks():
         hooks.disable(name)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The models here are tiny: one intra-op thread (two threads spinning on a shared 2-core
+    machine made a 10-step run 40x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _config(v2=False, **overrides):
     """2 stages, window 4, 36x36 images: 9x9 and 5x5 feature maps, both padded to the window."""
     options = dict(

@@ -12,7 +12,8 @@
 # PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
 # overhead: host time per call of small ops (benchmarks/overhead.py). bench-xla: ViT-B/16
 # training step, eager vs partial_trace(xla) vs inductor (e.g. bench-xla:500 with
-# BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model).
+# BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model). bench-swin_ops:
+# Swin window gathers and attention softmax at Swin-T's four stages (BENCH_ARGS="--dtypes ...").
 # bench-window_attention: Swin-T stage shapes vs eager/SDPA/compile (e.g. bench-window_attention:600).
 # bench-swin: Swin-T training step, 4 configurations in subprocesses (e.g. bench-swin:1800).
 set -uo pipefail

@@ -23,6 +23,9 @@ _ATTRIBUTES = {
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
     "window_attention": "fusedops.ops.window_attention",
+    "window_partition_roll": "fusedops.ops.window_process",
+    "window_reverse_roll": "fusedops.ops.window_process",
+    "swin_attention_softmax": "fusedops.ops.swin_softmax",
 }
 _SUBMODULES = (
     "dispatch",

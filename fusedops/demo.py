@@ -222,4 +222,7 @@ def main(args: argparse.Namespace) -> int:
         print("(partial_trace(xla) skipped: jax is not installed; pip install -e '.[xla]')\n")
     rows = [_run_child(config, args, device) for config in configs]
     _print_table(rows)
+    from fusedops import demo_swin  # the Swin stage: transformers' Swin with the swin hook
+
+    demo_swin.main(args.steps, args.batch, device)
     return 0

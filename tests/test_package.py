@@ -54,6 +54,8 @@ def test_demo_prints_the_table():
     needles = ("FusedAdamW", "fusedops.nn.layer_norm.LayerNorm", "quick_gelu", "ran on")
     for needle in (*needles, "bias_dropout_add"):
         assert needle in done.stdout
+    # the Swin stage: transformers' Swin trained with the swin hook, its fused ops recorded
+    assert "fusedops swin hook" in done.stdout and "swin_attention_softmax   ran on" in done.stdout
 
 
 def _cuda_include_dir() -> str | None:

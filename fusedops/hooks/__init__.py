@@ -18,13 +18,13 @@ that is already built (``verbose=True`` prints how many modules of each class it
 ``unfused(model)`` lists the modules of a model that a hook covers but that are not fused.
 
 Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
-patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``). Importing this package never
-imports torch or those libraries.
+patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``, ``lib_timm``). Importing this
+package never imports torch or those libraries.
 """
 
 from __future__ import annotations
 
-from fusedops.hooks import lib_open_clip, lib_transformers  # noqa: F401  (their contributions)
+from fusedops.hooks import lib_open_clip, lib_timm, lib_transformers  # noqa: F401  (contributions)
 from fusedops.hooks.lib_torch import (
     disable_fused_adam,
     disable_fused_adamw,
@@ -37,6 +37,7 @@ from fusedops.hooks.lib_torch import (
     enable_fused_rms_norm,
     enable_quick_gelu,
 )
+from fusedops.hooks.lib_transformers import disable_fused_swin, enable_fused_swin
 from fusedops.hooks.machinery import (
     Hook,
     Target,
@@ -64,6 +65,7 @@ __all__ = [
     "disable_fused_adamw",
     "disable_fused_layer_norm",
     "disable_fused_rms_norm",
+    "disable_fused_swin",
     "disable_quick_gelu",
     "enable",
     "enable_from_spec",
@@ -71,6 +73,7 @@ __all__ = [
     "enable_fused_adamw",
     "enable_fused_layer_norm",
     "enable_fused_rms_norm",
+    "enable_fused_swin",
     "enable_quick_gelu",
     "enabled",
     "patched",

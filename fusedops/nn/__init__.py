@@ -7,12 +7,16 @@ from fusedops.nn.bias_dropout_add import (
 )
 from fusedops.nn.layer_norm import LayerNorm, RMSNorm
 from fusedops.nn.quick_gelu import QuickGELU
+from fusedops.nn.swin import FusedSwinFmha, WindowProcess, WindowProcessReverse
 
 __all__ = [
     "BiasDropoutAdd",
+    "FusedSwinFmha",
     "LayerNorm",
     "QuickGELU",
     "RMSNorm",
+    "WindowProcess",
+    "WindowProcessReverse",
     "dropout_add_fused",
     "dropout_add_fused_train",
 ]

@@ -3,7 +3,15 @@
 import importlib
 
 #: Every op module; importing one registers its op with the dispatcher.
-OP_MODULES = ("quick_gelu", "layer_norm", "adam", "bias_dropout_add", "window_attention")
+OP_MODULES = (
+    "quick_gelu",
+    "layer_norm",
+    "adam",
+    "bias_dropout_add",
+    "window_attention",
+    "window_process",
+    "swin_softmax",
+)
 
 
 def load_all() -> None:

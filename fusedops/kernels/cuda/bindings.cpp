@@ -574,6 +574,83 @@ void window_attention_softmax_backward(const at::Tensor& scores, const at::Tenso
                "window_attention_softmax_backward");
 }
 
+// Swin window gathers (window_process.cu): src and dst contiguous, same dtype, device and
+// numel; the (B, H, W, C) map is dst when reverse, else src; the windows are the other one.
+void window_gather(const at::Tensor& src, at::Tensor& dst, int64_t height, int64_t width,
+                   int64_t window_h, int64_t window_w, int64_t shift_h, int64_t shift_w,
+                   bool reverse) {
+  check_input(src, "src", src);
+  check_input(dst, "dst", src);
+  const at::Tensor& map = reverse ? dst : src;
+  const at::Tensor& windows = reverse ? src : dst;
+  TORCH_CHECK(map.dim() == 4 && windows.dim() == 4, "window_gather takes 4-D tensors");
+  TORCH_CHECK(map.size(1) == height && map.size(2) == width, "the map is ", map.sizes(),
+              ", expected (B, ", height, ", ", width, ", C)");
+  TORCH_CHECK(windows.size(1) == window_h && windows.size(2) == window_w &&
+                  windows.size(3) == map.size(3),
+              "the windows are ", windows.sizes(), ", expected (B*nW, ", window_h, ", ",
+              window_w, ", ", map.size(3), ")");
+  c10::cuda::CUDAGuard guard(src.device());
+  check_launch(fusedops::window_gather(src.const_data_ptr(), dst.data_ptr(), map.size(0), height,
+                                       width, map.size(3), window_h, window_w, shift_h, shift_w,
+                                       reverse, dtype_of(src, "src"), current_stream()),
+               "window_gather");
+}
+
+
+// Swin attention softmax (swin_softmax.cu): attn/grad/probs and the outputs contiguous
+// (windows, heads, n, n); bias (heads, n, n) and mask (nW, n, n) contiguous fp32 on attn's device.
+void check_float32(const at::Tensor& t, const char* name, const at::Tensor& like,
+                   at::IntArrayRef shape) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), name, " must be on ", like.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
+}
+
+void swin_softmax_forward(const at::Tensor& attn, const at::Tensor& bias,
+                          const std::optional<at::Tensor>& mask, at::Tensor& out) {
+  TORCH_CHECK(attn.dim() == 4 && attn.size(2) == attn.size(3), "attn must be (B*nW, heads, N, N)");
+  check_input(attn, "attn", attn);
+  check_input(out, "out", attn);
+  const int64_t heads = attn.size(1);
+  const int64_t n = attn.size(3);
+  check_float32(bias, "bias", attn, {heads, n, n});
+  int64_t mask_windows = 1;
+  if (mask.has_value()) {
+    mask_windows = mask->size(0);
+    check_float32(*mask, "mask", attn, {mask_windows, n, n});
+    TORCH_CHECK(mask_windows > 0 && attn.size(0) % mask_windows == 0, "attn's ", attn.size(0),
+                " windows are not a multiple of the mask's ", mask_windows);
+  }
+  c10::cuda::CUDAGuard guard(attn.device());
+  check_launch(fusedops::swin_softmax_forward(
+                   attn.const_data_ptr(), bias.const_data_ptr<float>(),
+                   mask.has_value() ? mask->const_data_ptr<float>() : nullptr, out.data_ptr(),
+                   attn.size(0), mask_windows, heads, n, dtype_of(attn, "attn"),
+                   current_stream()),
+               "swin_softmax_forward");
+}
+
+void swin_softmax_backward(const at::Tensor& grad, const at::Tensor& probs, at::Tensor& d_attn,
+                           at::Tensor& partial) {
+  TORCH_CHECK(probs.dim() == 4 && probs.size(2) == probs.size(3),
+              "probs must be (B*nW, heads, N, N)");
+  check_input(probs, "probs", probs);
+  check_input(grad, "grad", probs);
+  check_input(d_attn, "d_attn", probs);
+  const int64_t heads = probs.size(1);
+  const int64_t n = probs.size(3);
+  TORCH_CHECK(partial.dim() == 4, "partial must be (chunks, heads, N, N)");
+  check_float32(partial, "partial", probs, {partial.size(0), heads, n, n});
+  c10::cuda::CUDAGuard guard(probs.device());
+  check_launch(fusedops::swin_softmax_backward(grad.const_data_ptr(), probs.const_data_ptr(),
+                                               d_attn.data_ptr(), partial.data_ptr<float>(),
+                                               probs.size(0), heads, n, partial.size(0),
+                                               dtype_of(probs, "probs"), current_stream()),
+               "swin_softmax_backward");
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusedops_cuda, m) {
@@ -609,6 +686,13 @@ TORCH_LIBRARY(fusedops_cuda, m) {
       "window_attention_softmax_backward(Tensor scores, Tensor dprobs, Tensor? bias, "
       "Tensor? mask, Tensor lse, float scale, Tensor(a!) probs, Tensor(b!) dscores, "
       "Tensor(c!)? dbias_partial, int groups) -> ()");
+  m.def(
+      "window_gather(Tensor src, Tensor(a!) dst, int height, int width, int window_h, "
+      "int window_w, int shift_h, int shift_w, bool reverse) -> ()");
+  m.def("swin_softmax_forward(Tensor attn, Tensor bias, Tensor? mask, Tensor(a!) out) -> ()");
+  m.def(
+      "swin_softmax_backward(Tensor grad, Tensor probs, Tensor(a!) d_attn, Tensor(b!) partial) "
+      "-> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
@@ -622,6 +706,9 @@ TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
   m.impl("bias_dropout_add_backward", &bias_dropout_add_backward);
   m.impl("window_attention_softmax_forward", &window_attention_softmax_forward);
   m.impl("window_attention_softmax_backward", &window_attention_softmax_backward);
+  m.impl("window_gather", &window_gather);
+  m.impl("swin_softmax_forward", &swin_softmax_forward);
+  m.impl("swin_softmax_backward", &swin_softmax_backward);
 }
 
 TORCH_LIBRARY_IMPL(fusedops_cuda, Autograd, m) { m.impl("norm", &norm_autograd); }

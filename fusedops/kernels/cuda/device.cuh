@@ -31,6 +31,35 @@ inline unsigned int grid_blocks(int64_t n, int threads) {
   return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
 }
 
+// Integer division by a divisor fixed at launch. FastDivider: n / d for 0 <= n < 2^31 and
+// 1 <= d < 2^31 by a multiply-high and a shift (a few instructions instead of a 64-bit division);
+// WideDivider: plain 64-bit division, for index spaces of 2^31 or more. Same interface.
+struct FastDivider {
+  uint32_t divisor = 1, magic = 1, shift = 0;
+  FastDivider() = default;
+  explicit FastDivider(int64_t d) : divisor(static_cast<uint32_t>(d)) {
+    while ((uint64_t{1} << shift) < divisor) ++shift;
+    const uint64_t one = 1;
+    magic = static_cast<uint32_t>(((one << 32) * ((one << shift) - divisor)) / divisor + 1);
+  }
+  __host__ __device__ __forceinline__ int64_t div(int64_t n) const {
+    const uint32_t u = static_cast<uint32_t>(n);
+#ifdef __CUDA_ARCH__
+    const uint32_t high = __umulhi(u, magic);
+#else
+    const uint32_t high = static_cast<uint32_t>((static_cast<uint64_t>(u) * magic) >> 32);
+#endif
+    return static_cast<int64_t>((high + u) >> shift);
+  }
+};
+
+struct WideDivider {
+  int64_t divisor = 1;
+  WideDivider() = default;
+  explicit WideDivider(int64_t d) : divisor(d) {}
+  __host__ __device__ __forceinline__ int64_t div(int64_t n) const { return n / divisor; }
+};
+
 }  // namespace fusedops
 
 // Runs BODY with `scalar_t` bound to the C++ type of DTYPE; unknown dtype -> invalid value.

@@ -88,6 +88,7 @@ cudaError_t bias_dropout_add_backward(const void* grad, DType grad_dtype, void* 
                                       DType x_dtype, float* partial, float* grad_bias,
                                       int64_t groups, int64_t rows, int64_t cols,
                                       const DropoutParams& params, cudaStream_t stream);
+
 // Window attention's softmax around cuBLAS products (window_attention.cu). scores, dprobs:
 // fp32 (batch, heads, n, n) contiguous, n <= 256; bias (heads, n, n) and mask (windows, n, n)
 // fp32 or null (window z uses mask[z % windows]); lse fp32 (batch, heads, n); probs and dscores
@@ -108,5 +109,29 @@ cudaError_t window_attention_softmax_backward(const float* scores, const float* 
                                               int64_t batch, int64_t heads, int64_t n,
                                               int64_t windows, float scale, DType dtype,
                                               cudaStream_t stream);
+
+// Swin window gathers (window_process.cu). reverse == false: src is a contiguous (B, H, W, C)
+// map, dst receives roll(src, (shift_h, shift_w)) cut into (B*nW, window_h, window_w, C)
+// windows; reverse == true: src holds the windows, dst receives the (B, H, W, C) map they form,
+// rolled by (shift_h, shift_w). H, W multiples of the window; 0 <= shift_h < H, 0 <= shift_w < W.
+cudaError_t window_gather(const void* src, void* dst, int64_t batch, int64_t height,
+                          int64_t width, int64_t channels, int64_t window_h, int64_t window_w,
+                          int64_t shift_h, int64_t shift_w, bool reverse, DType dtype,
+                          cudaStream_t stream);
+
+// Swin attention softmax (swin_softmax.cu), 1 <= n <= 1024. attn, out: contiguous
+// (windows, heads, n, n) of dtype; bias: (heads, n, n) fp32; mask: (mask_windows, n, n) fp32 or
+// null, window w using mask[w % mask_windows]. out = softmax(attn + bias + mask) per row, a fully
+// -inf row giving zeros.
+cudaError_t swin_softmax_forward(const void* attn, const float* bias, const float* mask,
+                                 void* out, int64_t windows, int64_t mask_windows, int64_t heads,
+                                 int64_t n, DType dtype, cudaStream_t stream);
+// grad, probs, d_attn: (windows, heads, n, n) of dtype; d_attn = probs * (grad - rowsum(grad *
+// probs)); partial: (chunks, heads, n, n) fp32, chunk c holding the sum of d_attn's fp32 values
+// over windows [c * per, min((c + 1) * per, windows)), per = ceil(windows / chunks);
+// 1 <= chunks <= min(windows, 65535).
+cudaError_t swin_softmax_backward(const void* grad, const void* probs, void* d_attn,
+                                  float* partial, int64_t windows, int64_t heads, int64_t n,
+                                  int64_t chunks, DType dtype, cudaStream_t stream);
 
 }  // namespace fusedops

@@ -1,0 +1,50 @@
+"""Swin window gathers in XLA: roll + window partition and window reverse + roll as jax.numpy
+reshapes and transposes; each backward is the other gather with the shift negated."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from fusedops.xla.lower import register
+
+fusedops = torch.ops.fusedops
+
+
+def _partition(x, window_h, window_w, shift_h, shift_w):
+    batch, height, width, channels = x.shape
+    if shift_h % height or shift_w % width:
+        x = jnp.roll(x, (shift_h, shift_w), axis=(1, 2))
+    grid = x.reshape(batch, height // window_h, window_h, width // window_w, window_w, channels)
+    return grid.transpose(0, 1, 3, 2, 4, 5).reshape(-1, window_h, window_w, channels)
+
+
+def _reverse(windows, window_h, window_w, height, width, shift_h, shift_w):
+    channels = windows.shape[-1]
+    grid = windows.reshape(-1, height // window_h, width // window_w, window_h, window_w, channels)
+    x = grid.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, channels)
+    if shift_h % height or shift_w % width:
+        x = jnp.roll(x, (shift_h, shift_w), axis=(1, 2))
+    return x
+
+
+@register(fusedops.window_partition_roll.default)
+def window_partition_roll(x, window_h, window_w, shift_h, shift_w, backend=None):
+    return _partition(x, window_h, window_w, shift_h, shift_w)
+
+
+@register(fusedops.window_partition_roll_backward.default)
+def window_partition_roll_backward(
+    grad, window_h, window_w, height, width, shift_h, shift_w, backend=None
+):
+    return _reverse(grad, window_h, window_w, height, width, -shift_h, -shift_w)
+
+
+@register(fusedops.window_reverse_roll.default)
+def window_reverse_roll(windows, window_h, window_w, height, width, shift_h, shift_w, backend=None):
+    return _reverse(windows, window_h, window_w, height, width, shift_h, shift_w)
+
+
+@register(fusedops.window_reverse_roll_backward.default)
+def window_reverse_roll_backward(grad, window_h, window_w, shift_h, shift_w, backend=None):
+    return _partition(grad, window_h, window_w, -shift_h, -shift_w)

@@ -1,0 +1,188 @@
+"""Swin attention softmax: ``softmax(attn + bias[None] + mask[window][:, None])`` in one pass.
+
+attn: (B*nW, heads, N, N) scores; bias: (heads, N, N) relative-position bias; mask: (nW, N, N)
+or None, window b of the batch using ``mask[b % nW]`` (the windows of one image are
+consecutive, as Swin lays them out). Per row, in fp32 (fp64 for fp64 inputs on the reference
+backend): ``z = attn + bias + mask``, ``p = exp(z - max z) / sum exp(z - max z)``; a row whose
+every entry is -inf gives zeros (not NaN). Output in attn's dtype.
+
+Backward from the saved output p: ``dz = p * (dp - sum(dp * p))``; ``d_attn = dz`` (attn's
+dtype) and ``d_bias = sum over the B*nW windows of dz`` (fp32), reduced deterministically
+(per-program fp32 partial sums, then one fixed-order sum). The mask gets no gradient.
+
+Every backend exposes ``forward(attn, bias, mask) -> probs`` with contiguous inputs, bias and
+mask already in the compute dtype (fp32; fp64 with fp64 attn), and
+``backward(grad, probs) -> (d_attn, d_bias)``.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from fusedops import dispatch
+from fusedops.ops._checks import check_same_device, check_tensor
+from fusedops.ops._define import define_op
+
+#: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
+MAX_N = {"triton": 4096, "cuda": 1024}
+
+# ------------------------------------------------------------------------------------------
+# Reference (plain PyTorch): the CPU path and the test oracle.
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """fp64 for fp64 inputs (reference backend), fp32 otherwise."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _ref_forward(attn, bias, mask):
+    z = attn.to(compute_dtype(attn)) + bias
+    if mask is not None:
+        windows, heads, n = mask.shape[0], attn.shape[1], attn.shape[2]
+        z = (z.view(-1, windows, heads, n, n) + mask[None, :, None]).view(attn.shape)
+    top = z.amax(dim=-1, keepdim=True)
+    top = torch.where(top == -math.inf, 0.0, top)  # a fully -inf row: exp(-inf) = 0 everywhere
+    e = torch.exp(z - top)
+    total = e.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, e / total, 0.0).to(attn.dtype)
+
+
+def _ref_backward(grad, probs):
+    p = probs.to(compute_dtype(probs))
+    g = grad.to(p.dtype)
+    dz = p * (g - (p * g).sum(dim=-1, keepdim=True))
+    return dz.to(probs.dtype), dz.sum(dim=0)
+
+
+reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
+
+
+def _kernel_limits(backend: str, attn: torch.Tensor) -> list[str]:
+    limit = MAX_N.get(backend)
+    if limit is not None and attn.shape[-1] > limit:
+        return [f"window_len N={attn.shape[-1]} > {limit}, the {backend} kernel's limit"]
+    return []
+
+
+dispatch.register_op(
+    "swin_attention_softmax",
+    reference,
+    triton_module="fusedops.kernels.triton.swin_softmax",
+    cuda_module="fusedops.kernels.cuda.swin_softmax",
+    check=_kernel_limits,
+)
+
+
+def backward_chunks(windows: int, row_groups: int, device: torch.device) -> int:
+    """How many chunks (1..min(windows, 65535)) of windows the bias-gradient reduction splits
+    the batch into (windows >= 1): enough programs (row_groups x chunks) to fill the device; a
+    function of the shapes and the device only, so the fp32 partial sums and their fixed-order
+    reduction are the same on every run."""
+    if device.type == "cuda":
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target = 4  # Triton's interpreter: a few chunks, so the reduction path is exercised
+    chunks = min(windows, 65535, max(1, -(-target // max(row_groups, 1))))
+    per_chunk = -(-windows // chunks)
+    return -(-windows // per_chunk)  # no empty chunk
+
+
+# ------------------------------------------------------------------------------------------
+# The custom op.
+
+
+def _forward(
+    attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None, backend: str | None
+) -> torch.Tensor:
+    impl = dispatch.select("swin_attention_softmax", attn, backend=backend)
+    if attn.numel() == 0:
+        return torch.empty_like(attn)
+    return impl.forward(attn, bias, mask)
+
+
+def _backward(
+    grad: torch.Tensor, probs: torch.Tensor, backend: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    impl = dispatch.select("swin_attention_softmax", probs, backend=backend)
+    if probs.numel() == 0:  # no windows (or heads): nothing to launch, a zero bias gradient
+        return torch.empty_like(probs), probs.new_zeros(probs.shape[1:], dtype=compute_dtype(probs))
+    return impl.backward(grad.contiguous(), probs)
+
+
+def _forward_fake(attn, bias, mask, backend):
+    return torch.empty_like(attn, memory_format=torch.contiguous_format)
+
+
+def _backward_fake(grad, probs, backend):
+    d_bias = probs.new_empty(probs.shape[1:], dtype=compute_dtype(probs))
+    return torch.empty_like(probs, memory_format=torch.contiguous_format), d_bias
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.backend = dispatch.requested(inputs[3])
+
+
+def _grads(ctx, backward, grad):
+    (probs,) = ctx.saved_tensors
+    d_attn, d_bias = backward(grad, probs, ctx.backend)
+    return d_attn, d_bias, None, None
+
+
+SWIN_ATTENTION_SOFTMAX = define_op(
+    "swin_attention_softmax",
+    forward=_forward,
+    fake=_forward_fake,
+    backward=_backward,
+    backward_fake=_backward_fake,
+    setup_context=_setup_context,
+    grads=_grads,
+)
+
+
+def swin_attention_softmax(
+    attn: torch.Tensor,
+    relative_pos_bias: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``softmax(attn + relative_pos_bias[None] + attn_mask[b % nW][:, None])`` over the last dim.
+
+    attn: (B*nW, heads, N, N) float16/bfloat16/float32 (float64 on the reference backend).
+    relative_pos_bias: (heads, N, N), any float dtype; gets a gradient (summed over windows).
+    attn_mask: (nW, N, N) any float dtype, or None; nW must divide attn's first dim; no gradient
+    (Swin's -100 shift mask and -inf masks both work; a fully -inf row gives zeros).
+    Returns a contiguous tensor of attn's shape and dtype; statistics in fp32.
+    """
+    check_tensor(attn, "attn")
+    check_tensor(relative_pos_bias, "relative_pos_bias")
+    if attn.dim() != 4 or attn.shape[2] != attn.shape[3]:
+        raise ValueError(f"attn must be 4-D (B*nW, heads, N, N), got shape {tuple(attn.shape)}")
+    heads, n = attn.shape[1], attn.shape[2]
+    if tuple(relative_pos_bias.shape) != (heads, n, n):
+        raise ValueError(
+            f"relative_pos_bias must have shape (heads, N, N) = {(heads, n, n)}, "
+            f"got {tuple(relative_pos_bias.shape)}"
+        )
+    check_same_device(attn, "attn", relative_pos_bias=relative_pos_bias, attn_mask=attn_mask)
+    dtype = compute_dtype(attn)
+    if attn_mask is not None:
+        check_tensor(attn_mask, "attn_mask")
+        if attn_mask.dim() != 3 or tuple(attn_mask.shape[1:]) != (n, n) or attn_mask.shape[0] < 1:
+            raise ValueError(
+                f"attn_mask must have shape (nW, N, N) with N={n}, got {tuple(attn_mask.shape)}"
+            )
+        if attn.shape[0] % attn_mask.shape[0]:
+            raise ValueError(
+                f"attn has {attn.shape[0]} windows in its first dim, not a multiple of "
+                f"attn_mask's nW={attn_mask.shape[0]}"
+            )
+        if attn_mask.requires_grad:
+            raise ValueError("attn_mask requires grad, but the op gives no gradient for the mask")
+        attn_mask = attn_mask.to(dtype).contiguous()
+    bias = relative_pos_bias.to(dtype).contiguous()
+    return SWIN_ATTENTION_SOFTMAX(attn.contiguous(), bias, attn_mask, backend)

@@ -1,0 +1,275 @@
+"""Swin attention softmax (bias + shift mask + softmax, fused) against a float64 oracle written
+with torch.softmax, every backend available here."""
+
+import math
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.nn import FusedSwinFmha
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    non_contiguous,
+    random_tensor,
+)
+
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (batch, windows per image nW, heads, N, mask): N from 1 to 256, Swin's -100 mask, -inf masks
+# with fully masked rows, no mask, batch 0.
+CASES = [
+    (2, 3, 2, 49, "-100"),
+    (1, 1, 1, 1, None),
+    (2, 2, 3, 64, "-inf"),
+    (1, 4, 1, 144, None),
+    (1, 2, 1, 256, "-100"),
+    (0, 2, 2, 49, "-100"),
+]
+
+
+def make_mask(windows, n, kind, device=DEVICE):
+    """(nW, N, N) fp32: Swin's 0/-100 shift mask, or 0/-inf with fully masked rows."""
+    if kind is None:
+        return None
+    masked = torch.rand(windows, n, n, device=device) < 0.4
+    if kind == "-inf":
+        masked[:, 0] = True  # row 0 of every window: all -inf
+        return torch.where(masked, -math.inf, 0.0)
+    return torch.where(masked, -100.0, 0.0)
+
+
+def oracle(attn, bias, mask):
+    """softmax(attn + bias + mask[b % nW]) in float64; fully -inf rows -> 0."""
+    z = attn.double() + bias.double()
+    if mask is not None:
+        nw, heads, n = mask.shape[0], attn.shape[1], attn.shape[2]
+        z = (z.view(-1, nw, heads, n, n) + mask.double()[None, :, None]).view(attn.shape)
+    probs = torch.softmax(z, dim=-1)
+    return torch.where(torch.isneginf(z).all(dim=-1, keepdim=True), 0.0, probs)
+
+
+def oracle_backward(probs, grad):
+    dz = probs * (grad - (probs * grad).sum(dim=-1, keepdim=True))
+    return dz, dz.sum(dim=0)
+
+
+def _inputs(b, nw, heads, n, kind, dtype):
+    attn = random_tensor((b * nw, heads, n, n), dtype, DEVICE).requires_grad_()
+    bias = random_tensor((heads, n, n), torch.float32, DEVICE).requires_grad_()
+    return attn, bias, make_mask(nw, n, kind)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_backward_match_oracle(backend, dtype, case):
+    b, nw, heads, n, kind = case
+    attn, bias, mask = _inputs(b, nw, heads, n, kind, dtype)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn.detach(), bias.detach(), mask)
+    assert probs.dtype == dtype and not probs.isnan().any()
+    assert_close(probs, expected, msg="probs")
+    grad = random_tensor(probs.shape, dtype, DEVICE)
+    probs.backward(grad)
+    d_attn, d_bias = oracle_backward(expected, grad.double())
+    assert_close(attn.grad, d_attn, msg="d_attn")
+    assert bias.grad.dtype == torch.float32
+    assert_close(bias.grad, d_bias, dtype=dtype, scale=max(1, b * nw) ** 0.5, msg="d_bias")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fully_masked_rows_give_zeros_not_nan(backend):
+    attn = random_tensor((4, 2, 5, 5), torch.float32, DEVICE).requires_grad_()
+    bias = random_tensor((2, 5, 5), torch.float32, DEVICE)
+    mask = torch.zeros(2, 5, 5, device=DEVICE)
+    mask[1] = -math.inf  # every row of window 1 (and 3)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    assert torch.equal(probs[1::2], torch.zeros_like(probs[1::2]))
+    assert_close(probs[0::2].sum(-1), torch.ones(2, 2, 5, dtype=torch.float64))
+    probs.backward(random_tensor(probs.shape, torch.float32, DEVICE))
+    assert not attn.grad.isnan().any() and torch.equal(
+        attn.grad[1::2], torch.zeros_like(probs[1::2])
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bias_gradient_is_deterministic(backend):
+    attn, bias, mask = _inputs(4, 4, 3, 49, "-100", torch.float32)
+    grad = random_tensor(attn.shape, torch.float32, DEVICE)
+    runs = []
+    for _ in range(2):
+        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+        runs.append(torch.autograd.grad(probs, (attn, bias), grad))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs_and_16_bit_bias(backend):
+    attn = non_contiguous(random_tensor((4, 2, 7, 7), torch.float32, DEVICE))
+    bias = random_tensor((2, 7, 7), torch.bfloat16, DEVICE).requires_grad_()
+    mask = non_contiguous(make_mask(2, 7, "-100"))
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn, bias.detach(), mask)
+    assert_close(probs, expected)
+    grad = random_tensor(probs.shape, torch.float32, DEVICE)
+    probs.backward(grad)
+    assert bias.grad.dtype == torch.bfloat16
+    assert_close(bias.grad, oracle_backward(expected, grad.double())[1])
+
+
+def test_seed_runtime_name():
+    b, nw, heads, n = 2, 3, 2, 9
+    attn, bias, mask = _inputs(b, nw, heads, n, "-100", torch.float32)
+    probs = FusedSwinFmha.apply(attn, bias, mask, b, nw, heads, n)
+    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
+    with pytest.raises(ValueError, match="attn has shape"):
+        FusedSwinFmha.apply(attn, bias, mask, b, nw + 1, heads, n)
+
+
+def test_gradcheck_reference():
+    attn = random_tensor((4, 2, 5, 5), torch.float64, "cpu").requires_grad_()
+    bias = random_tensor((2, 5, 5), torch.float64, "cpu").requires_grad_()
+    mask = make_mask(2, 5, "-100", "cpu").double()
+    assert torch.autograd.gradcheck(
+        lambda a, b: fusedops.swin_attention_softmax(a, b, mask, backend="reference"), (attn, bias)
+    )
+
+
+def _scores_to_probs(attn, bias, mask):
+    return fusedops.swin_attention_softmax(attn * 0.5, bias, mask)
+
+
+def test_torch_compile_no_graph_break():
+    attn, bias, mask = _inputs(2, 2, 2, 9, "-100", torch.float32)
+    compiled = torch.compile(_scores_to_probs, fullgraph=True, backend="aot_eager")
+    probs = compiled(attn, bias, mask)
+    probs.square().sum().backward()
+    assert_close(probs, oracle(attn.detach() * 0.5, bias.detach(), mask))
+    assert attn.grad is not None and bias.grad is not None
+
+
+def test_opcheck():
+    attn, bias, mask = _inputs(2, 2, 2, 9, "-100", torch.float32)
+    ops = torch.ops.fusedops
+    torch.library.opcheck(ops.swin_attention_softmax.default, (attn, bias, mask, None))
+    torch.library.opcheck(ops.swin_attention_softmax.default, (attn, bias, None, None))
+    probs = fusedops.swin_attention_softmax(attn, bias, mask).detach()
+    grad = random_tensor(probs.shape, torch.float32, DEVICE)
+    torch.library.opcheck(ops.swin_attention_softmax_backward.default, (grad, probs, None))
+
+
+def test_torch_export_keeps_the_custom_op():
+    class Softmax(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(random_tensor((2, 9, 9), torch.float32, "cpu"))
+            self.register_buffer("mask", make_mask(2, 9, "-100", "cpu"))
+
+        def forward(self, attn):
+            return _scores_to_probs(attn, self.bias, self.mask)
+
+    module = Softmax()
+    attn = random_tensor((4, 2, 9, 9), torch.float32, "cpu")
+    exported = torch.export.export(module, (attn,))
+    assert "fusedops.swin_attention_softmax" in str(exported.graph)
+    assert_close(exported.module()(attn), oracle(attn * 0.5, module.bias.detach(), module.mask))
+
+
+def test_partial_trace_lowers_into_one_xla_program_per_direction():
+    pytest.importorskip("jax")
+    from fusedops.xla import partial_trace
+
+    torch._dynamo.reset()
+    traced = partial_trace(_scores_to_probs, fullgraph=True)
+    attn, bias, mask = _inputs(2, 2, 2, 9, "-inf", torch.float32)
+    probs = traced(attn, bias, mask)
+    expected = oracle(attn.detach() * 0.5, bias.detach(), mask)
+    assert_close(probs, expected)
+    grad = random_tensor(probs.shape, torch.float32, DEVICE)
+    probs.backward(grad)
+    d_attn, d_bias = oracle_backward(expected, grad.double())
+    assert_close(attn.grad, 0.5 * d_attn)
+    assert_close(bias.grad, d_bias)
+    assert traced.stats.programs == 2 and traced.stats.regions == 1
+    assert not traced.stats.eager_ops
+
+
+ATTN = torch.zeros(4, 2, 3, 3)
+BIAS = torch.zeros(2, 3, 3)
+MASK = torch.zeros(2, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((ATTN.int(), BIAS, MASK), TypeError, "attn has dtype torch.int32"),
+        ((ATTN, BIAS.long(), MASK), TypeError, "relative_pos_bias has dtype torch.int64"),
+        ((ATTN, BIAS, MASK.bool()), TypeError, "attn_mask has dtype torch.bool"),
+        ((ATTN[0], BIAS, MASK), ValueError, "attn must be 4-D"),
+        ((ATTN[..., :2], BIAS, MASK), ValueError, "attn must be 4-D"),
+        ((ATTN, BIAS[:1], MASK), ValueError, r"relative_pos_bias must have shape \(heads, N, N\)"),
+        ((ATTN, BIAS, MASK[:, :2]), ValueError, r"attn_mask must have shape \(nW, N, N\)"),
+        ((ATTN, BIAS, torch.zeros(3, 3, 3)), ValueError, "attn has 4 windows .* nW=3"),
+        ((ATTN, BIAS.to("meta"), MASK), ValueError, "relative_pos_bias is on meta"),
+        ((ATTN, BIAS, MASK.to("meta")), ValueError, "attn_mask is on meta"),
+        ((ATTN, BIAS, MASK.clone().requires_grad_()), ValueError, "attn_mask requires grad"),
+        (([0.0], BIAS, MASK), TypeError, "attn must be a torch.Tensor"),
+    ],
+)
+def test_bad_inputs(args, error, match):
+    with pytest.raises(error, match=match):
+        fusedops.swin_attention_softmax(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_is_picked_automatically_on_gpu(dtype):
+    attn, bias, mask = _inputs(3, 4, 3, 49, "-100", dtype)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask)
+    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "cuda"
+    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+@pytest.mark.parametrize("n", [1, 16, 33, 49, 64, 100, 144, 256, 576, 1024])
+def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
+    """Every lanes-per-row configuration of the CUDA kernel, many windows (several chunks)."""
+    windows = max(1, 2**21 // (n * n))
+    attn, bias, mask = _inputs(
+        windows // 4 or 1, 4 if windows >= 4 else 1, 2, n, "-inf", torch.bfloat16
+    )
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn.detach(), bias.detach(), mask)
+    assert_close(probs, expected)
+    grad = random_tensor(probs.shape, torch.bfloat16, "cuda")
+    first = torch.autograd.grad(probs, (attn, bias), grad, retain_graph=True)
+    second = torch.autograd.grad(probs, (attn, bias), grad)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    d_attn, d_bias = oracle_backward(expected, grad.double())
+    assert_close(first[0], d_attn)
+    assert_close(first[1], d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
+
+
+@pytest.mark.gpu
+def test_gpu_long_rows_go_to_triton():
+    """N = 2304 (48x48 windows): past the CUDA kernel's 1024, taken by Triton automatically."""
+    attn, bias, mask = _inputs(1, 2, 1, 2304, "-100", torch.float32)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask)
+    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "triton"
+    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
+
+
+@pytest.mark.gpu
+def test_gpu_side_stream():
+    attn, bias, mask = _inputs(64, 16, 3, 49, "-100", torch.float16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend="cuda")
+    stream.synchronize()
+    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))

@@ -1,0 +1,287 @@
+"""Swin window gathers (shift + partition, reverse + shift) against a float64 oracle written with
+torch.roll and view/permute, every backend available here."""
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.nn import WindowProcess, WindowProcessReverse
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    non_contiguous,
+    random_tensor,
+)
+
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (B, H, W, C, window_size, shift): H != W, shift 0 / 3 / -3 / larger than the window and than
+# H, window as a pair, batch 1 and 0, C = 1.
+CASES = [
+    (2, 14, 21, 5, 7, -3),
+    (1, 14, 21, 3, 7, 3),
+    (1, 8, 8, 3, 4, 0),
+    (2, 8, 12, 2, (4, 3), (5, -7)),
+    (3, 6, 4, 1, 2, 9),
+    (0, 4, 4, 3, 2, 1),
+]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def oracle_partition(x, window, shift):
+    """window_partition(torch.roll(x, shift, (1, 2)), window), in x's dtype."""
+    (wh, ww), (sh, sw) = _pair(window), _pair(shift)
+    b, h, w, c = x.shape
+    rolled = torch.roll(x, (sh, sw), dims=(1, 2))
+    grid = rolled.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return grid.reshape(-1, wh, ww, c)
+
+
+def oracle_reverse(windows, window, h, w, shift):
+    """torch.roll(window_reverse(windows, window, h, w), shift, (1, 2))."""
+    (wh, ww), (sh, sw) = _pair(window), _pair(shift)
+    c = windows.shape[-1]
+    grid = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return torch.roll(grid.reshape(-1, h, w, c), (sh, sw), dims=(1, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_partition_and_reverse_match_oracle(backend, dtype, case):
+    b, h, w, c, window, shift = case
+    x = random_tensor((b, h, w, c), dtype, DEVICE).requires_grad_()
+    out = fusedops.window_partition_roll(x, window, shift, backend=backend)
+    expected = oracle_partition(x.detach().double(), window, shift)
+    assert out.dtype == dtype and out.is_contiguous()
+    assert_close(out, expected, msg="partition")
+    grad = random_tensor(out.shape, dtype, DEVICE)
+    out.backward(grad)
+    neg = tuple(-s for s in _pair(shift))
+    assert_close(x.grad, oracle_reverse(grad.double(), window, h, w, neg), msg="partition dx")
+
+    windows = random_tensor(out.shape, dtype, DEVICE).requires_grad_()
+    back = fusedops.window_reverse_roll(windows, window, h, w, shift, backend=backend)
+    assert_close(
+        back, oracle_reverse(windows.detach().double(), window, h, w, shift), msg="reverse"
+    )
+    grad = random_tensor(back.shape, dtype, DEVICE)
+    back.backward(grad)
+    assert_close(windows.grad, oracle_partition(grad.double(), window, neg), msg="reverse dx")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_round_trip_with_swin_signs_and_records_backend(backend):
+    x = random_tensor((2, 12, 8, 6), torch.float32, DEVICE)
+    windows = fusedops.window_partition_roll(x, 4, -2, backend=backend)
+    assert torch.equal(fusedops.window_reverse_roll(windows, 4, 12, 8, 2, backend=backend), x)
+    assert fusedops.dispatch.last_used["window_partition_roll"] == backend
+    assert fusedops.dispatch.last_used["window_reverse_roll"] == backend
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs(backend):
+    base = random_tensor((2, 8, 12, 5), torch.float32, DEVICE)
+    x = non_contiguous(base).requires_grad_()
+    out = fusedops.window_partition_roll(x, 4, (3, -5), backend=backend)
+    assert_close(out, oracle_partition(base.double(), 4, (3, -5)))
+    grad = non_contiguous(random_tensor(out.shape, torch.float32, DEVICE))
+    out.backward(grad)
+    assert_close(x.grad, oracle_reverse(grad.double(), 4, 8, 12, (-3, 5)))
+    windows = non_contiguous(random_tensor(out.shape, torch.float32, DEVICE))
+    back = fusedops.window_reverse_roll(windows, 4, 8, 12, 1, backend=backend)
+    assert_close(back, oracle_reverse(windows.double(), 4, 8, 12, 1))
+
+
+def test_seed_runtime_names_follow_the_call_site_sign_convention():
+    b, h, w, c, ws, shift = 2, 14, 7, 4, 7, 3
+    x = random_tensor((b, h, w, c), torch.float32, DEVICE).requires_grad_()
+    windows = WindowProcess.apply(x, b, h, w, c, -shift, ws)  # Swin passes -shift_size here
+    assert_close(windows, oracle_partition(x.detach().double(), ws, -shift))
+    back = WindowProcessReverse.apply(windows, b, h, w, c, shift, ws)  # and +shift_size here
+    assert_close(back, x.detach().double())
+    back.sum().backward()
+    assert_close(x.grad, torch.ones_like(x, dtype=torch.float64))
+
+
+def test_gradcheck_reference():
+    x = random_tensor((2, 4, 6, 3), torch.float64, "cpu").requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: fusedops.window_partition_roll(t, (2, 3), (1, -4), backend="reference"), (x,)
+    )
+    windows = random_tensor((8, 2, 3, 3), torch.float64, "cpu").requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda t: fusedops.window_reverse_roll(t, (2, 3), 4, 6, 5, backend="reference"), (windows,)
+    )
+
+
+def _swin_block_shuffle(x):
+    windows = fusedops.window_partition_roll(x, 4, -2)
+    return fusedops.window_reverse_roll(windows * 2.0, 4, 8, 8, 2)
+
+
+def test_torch_compile_no_graph_break():
+    x = random_tensor((2, 8, 8, 3), torch.float32, DEVICE).requires_grad_()
+    out = torch.compile(_swin_block_shuffle, fullgraph=True, backend="aot_eager")(x)
+    out.sum().backward()
+    assert_close(out, 2.0 * x.detach().double())
+    assert_close(x.grad, torch.full(x.shape, 2.0, dtype=torch.float64))
+
+
+def test_opcheck():
+    ops = torch.ops.fusedops
+    x = random_tensor((2, 4, 6, 3), torch.float32, DEVICE).requires_grad_()
+    windows = random_tensor((8, 2, 3, 3), torch.float32, DEVICE).requires_grad_()
+    torch.library.opcheck(ops.window_partition_roll.default, (x, 2, 3, 1, 5, None))
+    torch.library.opcheck(ops.window_reverse_roll.default, (windows, 2, 3, 4, 6, 3, 1, None))
+    torch.library.opcheck(
+        ops.window_partition_roll_backward.default, (windows.detach(), 2, 3, 4, 6, 1, 5, None)
+    )
+    torch.library.opcheck(ops.window_reverse_roll_backward.default, (x.detach(), 2, 3, 3, 1, None))
+
+
+def test_torch_export_keeps_the_custom_ops():
+    class Shuffle(torch.nn.Module):
+        def forward(self, x):
+            return _swin_block_shuffle(x)
+
+    x = random_tensor((1, 8, 8, 2), torch.float32, "cpu")
+    exported = torch.export.export(Shuffle(), (x,))
+    graph = str(exported.graph)
+    assert "fusedops.window_partition_roll" in graph and "fusedops.window_reverse_roll" in graph
+    assert_close(exported.module()(x), 2.0 * x.double())
+
+
+def test_partial_trace_lowers_into_one_xla_program_per_direction():
+    pytest.importorskip("jax")
+    from fusedops.xla import partial_trace
+
+    torch._dynamo.reset()
+    traced = partial_trace(_swin_block_shuffle, fullgraph=True)
+    x = random_tensor((2, 8, 8, 3), torch.float32, "cpu").requires_grad_()
+    out = traced(x)
+    weights = random_tensor(out.shape, torch.float32, "cpu")
+    (out * weights).sum().backward()
+    assert_close(out, 2.0 * x.detach().double())
+    assert_close(x.grad, 2.0 * weights.double())
+    assert traced.stats.programs == 2 and traced.stats.regions == 1
+    assert not traced.stats.eager_ops
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: fusedops.window_partition_roll([1.0], 2), TypeError, "x must be a torch.Tensor"),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(2, 4, 4, 3, dtype=torch.int32), 2),
+            TypeError,
+            "x has dtype torch.int32",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(4, 4, 3), 2),
+            ValueError,
+            "x must be 4-D",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(1, 14, 21, 3), 4),
+            ValueError,
+            "x: height 14 is not divisible by window_size 4",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(1, 8, 6, 3), (4, 4)),
+            ValueError,
+            "x: width 6 is not divisible by window_size 4",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(1, 4, 4, 3), 0),
+            ValueError,
+            "window_size",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(1, 4, 4, 3), 2.0),
+            TypeError,
+            "window_size",
+        ),
+        (
+            lambda: fusedops.window_partition_roll(torch.ones(1, 4, 4, 3), 2, "1"),
+            TypeError,
+            "shift",
+        ),
+        (
+            lambda: fusedops.window_reverse_roll(torch.ones(3, 2, 2, 1), 2, 4, 4),
+            ValueError,
+            "windows has 3 windows, not a multiple of the 4",
+        ),
+        (
+            lambda: fusedops.window_reverse_roll(torch.ones(4, 2, 2, 1), 2, 5, 4),
+            ValueError,
+            "height 5 is not divisible",
+        ),
+        (
+            lambda: fusedops.window_reverse_roll(torch.ones(4, 2, 3, 1), 2, 4, 4),
+            ValueError,
+            "windows has windows of",
+        ),
+        (
+            lambda: fusedops.window_reverse_roll(torch.ones(4, 2, 2, 1), 2, 4.0, 4),
+            TypeError,
+            "height must be an int",
+        ),
+        (
+            lambda: WindowProcess.apply(torch.ones(1, 4, 4, 3), 1, 4, 4, 5, 0, 2),
+            ValueError,
+            "x has shape",
+        ),
+        (
+            lambda: WindowProcessReverse.apply(torch.ones(4, 2, 2, 3), 1, 4, 4, 5, 0, 2),
+            ValueError,
+            "C=5",
+        ),
+    ],
+)
+def test_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_is_picked_automatically_on_gpu(dtype):
+    x = random_tensor((2, 14, 21, 96), dtype, "cuda")
+    out = fusedops.window_partition_roll(x, 7, -3)
+    assert fusedops.dispatch.last_used["window_partition_roll"] == "cuda"
+    assert torch.equal(out, oracle_partition(x, 7, -3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_large_batch_and_side_stream(backend):
+    """More windows than a grid dimension holds (70000), odd channel counts (narrow accesses),
+    launched on a side stream."""
+    stream = torch.cuda.Stream()
+    for c in (3, 96, 97):
+        x = random_tensor((70000, 7, 7, c), torch.float16, "cuda")
+        with torch.cuda.stream(stream):
+            windows = fusedops.window_partition_roll(x, 7, -3, backend=backend)
+            back = fusedops.window_reverse_roll(windows, 7, 7, 7, 3, backend=backend)
+        stream.synchronize()
+        assert torch.equal(windows, oracle_partition(x, 7, -3))
+        assert torch.equal(back, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_64_bit_offsets(backend):
+    """More than 2^31 elements: offsets past int32."""
+    x = torch.zeros((2, 1024, 1024, 1040), dtype=torch.float16, device="cuda")
+    x.view(-1)[::9973] = 1.0
+    x[-1, -1, -1, -1] = 7.0
+    windows = fusedops.window_partition_roll(x, 8, -4, backend=backend)
+    assert windows[-1, -5, -5, -1].item() == 7.0  # shifted by 4 inside the last window
+    back = fusedops.window_reverse_roll(windows, 8, 1024, 1024, 4, backend=backend)
+    assert torch.equal(back, x)

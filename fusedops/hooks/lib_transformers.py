@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import warnings
 from typing import Any
 
 from fusedops.hooks import lib_torch  # noqa: F401  (defines the hooks contributed to)
@@ -358,19 +357,18 @@ _RECOGNISE_TRANSFORMERS = "fusedops.nn.swin_transformers:recognise"
 
 
 def _swin_targets(**_: Any) -> list[Target]:
-    if not any(importlib.util.find_spec(name) for name in ("transformers", "timm")):
-        warnings.warn(
-            "enable_fused_swin(): neither transformers nor timm is installed, nothing to patch",
-            stacklevel=4,
-        )
+    if not _installed():
+        return []
     make = swin_fused_class(_RECOGNISE_TRANSFORMERS)
-    return [Target(module, attr, make) for module, attr in SWIN_TRANSFORMERS_CLASSES]
+    # Swinv2 (or a layout) may be missing from some transformers versions: optional targets.
+    return [Target(module, attr, make, optional=True) for module, attr in SWIN_TRANSFORMERS_CLASSES]
 
 
 register_hook(
     Hook(
         "swin",
         targets=_swin_targets,
+        nothing_hint="neither transformers nor timm is installed",
         module_swap=swin_swap(SWIN_TRANSFORMERS_CLASSES, _RECOGNISE_TRANSFORMERS),
     )
 )

@@ -103,6 +103,33 @@ def test_hooked_model_matches_the_original(model_class, v2):
     assert fusedops.dispatch.last_used["swin_attention_softmax"] == "reference"
 
 
+@pytest.mark.parametrize("v2", [False, True])
+def test_without_attention_weights_the_hook_runs_the_flash_window_attention(v2):
+    """Asked for no attention weights, the fused attention is one window_attention call per
+    direction (bias and shift mask read apart, scores never materialised); same logits and
+    gradients as the model's own code (head dim 16: the flash kernel's smallest)."""
+    cls = (
+        transformers.Swinv2ForImageClassification if v2 else transformers.SwinForImageClassification
+    )
+    config = _config(v2, embed_dim=32)
+    ref = _build(cls, config)
+    hooks.enable_fused_swin()
+    model = cls(config)
+    model.load_state_dict(ref.state_dict())
+    images, labels = random_tensor((2, 3, 36, 36)), torch.tensor([1, 3])
+    fusedops.dispatch.last_used.clear()
+    logits = model(images).logits
+    assert fusedops.dispatch.last_used.get("window_attention") == "reference"
+    assert "swin_attention_softmax" not in fusedops.dispatch.last_used
+    expected = ref(images).logits
+    assert_close(logits, expected, dtype=torch.float32, scale=4.0, msg="logits")
+    F.cross_entropy(logits, labels).backward()
+    F.cross_entropy(expected, labels).backward()
+    want = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_hooked_model_on_gpu_matches_the_original(autocast):

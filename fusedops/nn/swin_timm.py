@@ -35,7 +35,9 @@ def _window_attention_forward(self, x, mask=None):
     windows, n, _ = x.shape
     q, k, v = self.qkv(x).reshape(windows, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
     bias = self._get_rel_pos_bias()[0]
-    out, _ = window_attention_core(q, k, v, bias, mask, self.scale, self.attn_drop.p, self.training)
+    out, _ = window_attention_core(
+        q, k, v, bias, mask, self.scale, self.attn_drop.p, self.training, need_weights=False
+    )
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(windows, n, -1)))
 
 

@@ -8,9 +8,10 @@ outputs) and replaces its ``forward``:
   (``window_partition_roll`` / ``window_reverse_roll``); the rest as the model writes it.
 - ``SwinAttention`` (transformers 5.x: q/k/v/o projections and ``SwinRelativePositionBias``;
   4.x: the ``self`` / ``output`` pair) and ``Swinv2SelfAttention`` (cosine attention with the
-  continuous position bias): the model's projections, then ``window_attention_core``, whose
-  softmax takes the bias and the (nW, N, N) mask separately (the (B*nW, heads, N, N) combined
-  mask is never built).
+  continuous position bias): the model's projections, then ``window_attention_core``, which
+  takes the bias and the (nW, N, N) mask separately (the (B*nW, heads, N, N) combined mask is
+  never built): ``fusedops.window_attention`` (flash-style, one kernel per direction) when no
+  attention weights are asked for, else the products around the fused Swin softmax.
 
 The code shape of each class is recognised from its ``forward`` signature (and, for Swinv2's
 attention, its source); a class of a shape this module does not know gets no fused subclass
@@ -156,8 +157,9 @@ def _swin_attention_forward(self, hidden_states, attention_mask=None, **kwargs):
     v = _heads(self.v_proj(hidden_states), heads)
     bias = self.relative_position_bias()[0]
     out, weights = window_attention_core(
-        q, k, v, bias, attention_mask, self.scaling, self.attention_dropout, self.training
-    )
+        q, k, v, bias, attention_mask, self.scaling, self.attention_dropout, self.training,
+        need_weights=bool(kwargs.get("output_attentions", False)),
+    )  # fmt: skip
     return self.o_proj(_merge_heads(out)), weights
 
 
@@ -179,7 +181,7 @@ def _swin_attention_forward_v4(
     )
     out, probs = window_attention_core(
         q, k, v, bias, attention_mask, inner.attention_head_size**-0.5, inner.dropout.p,
-        inner.training,
+        inner.training, need_weights=output_attentions,
     )  # fmt: skip
     attention_output = self.output(_merge_heads(out), hidden_states)
     return (attention_output, probs) if output_attentions else (attention_output,)
@@ -197,8 +199,9 @@ def _swinv2_attention(self, hidden_states, attention_mask, output_attentions):
     if attention_mask is not None and self._fusedops_mask_scale != 1:
         attention_mask = attention_mask * self._fusedops_mask_scale
     out, probs = window_attention_core(
-        q, k, v, bias, attention_mask, 1.0, self.dropout.p, self.training
-    )
+        q, k, v, bias, attention_mask, 1.0, self.dropout.p, self.training,
+        need_weights=output_attentions,
+    )  # fmt: skip
     return (_merge_heads(out), probs) if output_attentions else (_merge_heads(out),)
 
 

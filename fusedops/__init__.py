@@ -19,6 +19,11 @@ _ATTRIBUTES = {
     "use_backend": "fusedops.dispatch",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
+    "nms": "fusedops.ops.nms",
+    "batched_nms": "fusedops.ops.nms",
+    "nms_normal": "fusedops.ops.nms",
+    "soft_nms": "fusedops.ops.nms",
+    "batched_soft_nms": "fusedops.ops.nms",
 }
 _SUBMODULES = ("dispatch", "hooks", "kernels", "nn", "ops", "optim", "testing", "xla")
 

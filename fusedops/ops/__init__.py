@@ -3,7 +3,7 @@
 import importlib
 
 #: Every op module; importing one registers its op with the dispatcher.
-OP_MODULES = ("quick_gelu", "layer_norm", "adam")
+OP_MODULES = ("quick_gelu", "layer_norm", "adam", "nms")
 
 
 def load_all() -> None:

@@ -1,0 +1,225 @@
+"""The NMS family in plain, vectorised PyTorch: the CPU path and the test oracle.
+
+Same functions and outputs as the Triton and CUDA backends (``fusedops.ops.nms`` describes the
+pipeline around them); every backend computes IoU with the same operations in the same order,
+so results are bit-identical on random inputs:
+
+    area  = (x2 - x1 + offset) * (y2 - y1 + offset)
+    inter = max(min(x2a, x2b) - max(x1a, x1b) + offset, 0) * (same for y)
+    iou   = inter / ((area_a + area_b) - inter)
+
+in float32 (float64 for float64 boxes). A zero union gives NaN: for hard NMS a NaN IoU never
+suppresses (as torchvision); soft-NMS counts it as 0.
+
+- ``nms_walk(boxes_p, classes_p, iou_threshold, offset) -> (positions, count)``: greedy NMS over
+  boxes in processing order (decreasing score; with classes, grouped by class, each group in
+  decreasing score). positions: int64 (N,), the kept positions in increasing order, then N;
+  count: int64 0-dim.
+- ``soft_nms_segments(boxes_p, scores_p, seg_starts, iou_threshold, sigma, min_score, method,
+  offset) -> (positions, scores, counts)``: soft-NMS on each segment ``[seg_starts[s],
+  seg_starts[s+1])`` independently (one class each). Segment s's picks, in pick order, fill
+  ``positions[seg_starts[s]:]`` (positions in processing order) and ``scores`` (their score when
+  picked); the rest of the segment holds N and 0; counts: int64 (S,) picks per segment.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: soft-NMS methods, coded as mmcv codes them.
+NAIVE, LINEAR, GAUSSIAN = 0, 1, 2
+
+#: Boxes resolved together by the greedy NMS (one pairwise IoU matrix of CHUNK^2 at a time).
+CHUNK = 256
+
+
+def compute_dtype(boxes: torch.Tensor) -> torch.dtype:
+    """IoU and soft-NMS scores are computed in float32 (float64 for float64 boxes)."""
+    return torch.float64 if boxes.dtype == torch.float64 else torch.float32
+
+
+def areas(boxes: torch.Tensor, offset: int) -> torch.Tensor:
+    """(N,) areas of (N, 4) boxes in the compute dtype."""
+    return (boxes[:, 2] - boxes[:, 0] + offset) * (boxes[:, 3] - boxes[:, 1] + offset)
+
+
+def pairwise_iou(a, area_a, b, area_b, offset: int) -> torch.Tensor:
+    """IoU of every box of ``a`` (M, 4) with every box of ``b`` (K, 4): (M, K)."""
+    return elementwise_iou(a[:, None, :], area_a[:, None], b[None, :, :], area_b[None, :], offset)
+
+
+def elementwise_iou(a, area_a, b, area_b, offset: int) -> torch.Tensor:
+    """IoU of boxes ``a[..., :]`` and ``b[..., :]`` (broadcast), NaN where the union is 0."""
+    w = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0]) + offset).clamp(
+        min=0
+    )
+    h = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1]) + offset).clamp(
+        min=0
+    )
+    inter = w * h
+    return inter / (area_a + area_b - inter)
+
+
+def _resolve(over: torch.Tensor) -> torch.Tensor:
+    """Greedy keep flags inside one chunk: ``over[i, j]`` (i < j only) says box i suppresses
+    box j when kept. Iterates keep[j] = no kept i < j suppresses j to its fixed point, which is
+    the greedy answer (after t rounds the first t flags are final)."""
+    keep = torch.ones(over.shape[0], dtype=torch.bool, device=over.device)
+    while True:
+        new = ~(over & keep[:, None]).any(0)
+        if torch.equal(new, keep):
+            return keep
+        keep = new
+
+
+def _greedy_keep(boxes: torch.Tensor, iou_threshold: float, offset: int) -> torch.Tensor:
+    """Keep flags of greedy NMS on ``boxes`` (N, 4), already in decreasing score order.
+
+    Boxes are resolved CHUNK at a time (a dense IoU matrix inside the chunk); the chunk's kept
+    boxes then suppress the remaining ones, comparing only pairs that overlap along x (found by
+    a sweep over x1; pairs that do not overlap have IoU 0 or NaN, never > a threshold >= 0)."""
+    n = boxes.shape[0]
+    keep = torch.zeros(n, dtype=torch.bool, device=boxes.device)
+    alive = torch.ones(n, dtype=torch.bool, device=boxes.device)  # neither kept nor suppressed
+    area = areas(boxes, offset)
+    x1, x2_end = _x_extent(boxes, offset)
+    rest = torch.arange(n, device=boxes.device)  # alive positions in score order
+    by_x = torch.argsort(x1, stable=True)  # alive positions in x1 order
+    while rest.numel():
+        head = rest[:CHUNK]
+        over = pairwise_iou(boxes[head], area[head], boxes[head], area[head], offset)
+        kept = head[_resolve((over > iou_threshold).triu_(1))]
+        keep[kept] = True
+        alive[head] = False
+        by_x = by_x[alive[by_x]]
+        if by_x.numel():
+            if iou_threshold >= 0:
+                k, r = _x_overlapping_pairs(kept, by_x, x1, x2_end)
+            else:  # every pair may pass a negative threshold
+                k, r = kept.repeat_interleave(by_x.numel()), by_x.repeat(kept.numel())
+            iou = elementwise_iou(boxes[k], area[k], boxes[r], area[r], offset)
+            alive[r[iou > iou_threshold]] = False
+        rest = rest[CHUNK:]
+        rest = rest[alive[rest]]
+    return keep
+
+
+def _x_extent(boxes: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x1 and a bound just above x2 + offset, in float64: boxes a, b can only have a positive
+    intersection width if x1_b < x2_end_a and x1_a < x2_end_b."""
+    x1 = boxes[:, 0].double()
+    return x1, torch.nextafter(boxes[:, 2].double() + offset, x1.new_tensor(torch.inf))
+
+
+def _x_overlapping_pairs(a, b_by_x, x1, x2_end):
+    """Pairs (i, j), i from positions ``a``, j from positions ``b_by_x`` (sorted by x1), whose
+    x ranges overlap: x1_i <= x1_j < x2_end_i, or x1_j < x1_i < x2_end_j. Each pair once."""
+    a = a[torch.argsort(x1[a], stable=True)]
+    xa, xb = x1[a], x1[b_by_x]
+    owner, at = _ranges(
+        torch.searchsorted(xb, xa, side="left"), torch.searchsorted(xb, x2_end[a], side="left")
+    )
+    owner2, at2 = _ranges(
+        torch.searchsorted(xa, xb, side="right"),
+        torch.searchsorted(xa, x2_end[b_by_x], side="left"),
+    )
+    return torch.cat((a[owner], a[at2])), torch.cat((b_by_x[at], b_by_x[owner2]))
+
+
+def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (owner, value) with lo[owner] <= value < hi[owner]."""
+    counts = (hi - lo).clamp(min=0)
+    owner = torch.repeat_interleave(torch.arange(lo.numel(), device=lo.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    return owner, lo[owner] + torch.arange(owner.numel(), device=lo.device) - first[owner]
+
+
+def nms_walk(
+    boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshold: float, offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy NMS in processing order (see the module docstring)."""
+    n = boxes_p.shape[0]
+    boxes = boxes_p.to(compute_dtype(boxes_p))
+    if classes_p is None:
+        keep = _greedy_keep(boxes, iou_threshold, offset)
+    else:
+        keep = torch.ones(n, dtype=torch.bool, device=boxes.device)  # a box alone in its class
+        _, lengths = torch.unique_consecutive(classes_p, return_counts=True)
+        start = 0
+        for length in lengths.tolist():
+            if length > 1:
+                keep[start : start + length] = _greedy_keep(
+                    boxes[start : start + length], iou_threshold, offset
+                )
+            start += length
+    kept = torch.nonzero(keep).flatten()
+    positions = torch.full((n,), n, dtype=torch.int64, device=boxes.device)
+    positions[: kept.numel()] = kept
+    return positions, torch.tensor(kept.numel(), dtype=torch.int64, device=boxes.device)
+
+
+def soft_weight(iou: torch.Tensor, iou_threshold: float, sigma: float, method: int):
+    """The factor a pick multiplies an overlapping box's score by (NaN IoU counts as 0)."""
+    iou = torch.where(iou.isnan(), 0.0, iou)
+    if method == GAUSSIAN:
+        return torch.exp(-(iou * iou) / sigma)
+    decayed = torch.zeros_like(iou) if method == NAIVE else 1.0 - iou
+    return torch.where(iou >= iou_threshold, decayed, 1.0)
+
+
+def soft_nms_segments(
+    boxes_p: torch.Tensor,
+    scores_p: torch.Tensor,
+    seg_starts: torch.Tensor,
+    iou_threshold: float,
+    sigma: float,
+    min_score: float,
+    method: int,
+    offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Soft-NMS on every segment at once: each step picks the best box of every segment that
+    has boxes left (highest score, lowest position on ties), decays the rest of that segment
+    and drops what falls below min_score (see the module docstring for the outputs)."""
+    device, n = boxes_p.device, boxes_p.shape[0]
+    n_segments = seg_starts.numel() - 1
+    out_pos = torch.full((n,), n, dtype=torch.int64, device=device)
+    out_score = torch.zeros(n, dtype=scores_p.dtype, device=device)
+    counts = torch.zeros(n_segments, dtype=torch.int64, device=device)
+    # the boxes still in play, compacted after every step: x1 y1 x2 y2 area score | position
+    boxes = boxes_p.to(scores_p.dtype)
+    state = torch.cat((boxes, areas(boxes, offset)[:, None], scores_p[:, None]), dim=1)
+    pos = torch.arange(n, device=device)
+    segment = torch.repeat_interleave(
+        torch.arange(n_segments, device=device), seg_starts.diff(), output_size=n
+    )
+    while pos.numel():
+        picked, pick_of = _picks(state[:, 5], segment, n_segments)
+        seg_picked = segment[picked]
+        slots = seg_starts[seg_picked] + counts[seg_picked]
+        out_pos[slots] = pos[picked]
+        out_score[slots] = state[picked, 5]
+        counts[seg_picked] += 1
+        pick = state[pick_of]
+        iou = elementwise_iou(pick[:, :4], pick[:, 4], state[:, :4], state[:, 4], offset)
+        score = state[:, 5] * soft_weight(iou, iou_threshold, sigma, method)
+        alive = score >= min_score
+        alive[picked] = False
+        state[:, 5] = score
+        state, pos, segment = state[alive], pos[alive], segment[alive]
+    return out_pos, out_score, counts
+
+
+def _picks(score: torch.Tensor, segment: torch.Tensor, n_segments: int):
+    """(picks, pick_of): the local indices of every segment's pick (best score, first on
+    ties) and, broadcastable over the boxes, the pick of each box's segment."""
+    if n_segments == 1:
+        picked = torch.argmax(score).reshape(1)
+        return picked, picked
+    m = score.shape[0]
+    best = score.new_full((n_segments,), -torch.inf).scatter_reduce(
+        0, segment, score, "amax", include_self=True
+    )
+    candidates = torch.where(score == best[segment], torch.arange(m, device=score.device), m)
+    first = torch.full((n_segments,), m, dtype=torch.int64, device=score.device)
+    first = first.scatter_reduce(0, segment, candidates, "amin", include_self=True)
+    return first[first < m], first[segment]

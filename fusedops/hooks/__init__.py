@@ -16,11 +16,13 @@ import time. ``FUSEDOPS_HOOKS=a,b`` (or ``all``) enables hooks at interpreter st
 that is already built.
 
 Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
-patched (``lib_torch``, ...). Importing this package never imports torch.
+patched (``lib_torch``, ``lib_torchvision``, ``lib_mmcv``, ...). Importing this package never
+imports torch.
 """
 
 from __future__ import annotations
 
+from fusedops.hooks import lib_mmcv  # noqa: F401  (adds mmcv's functions to the nms hook)
 from fusedops.hooks.lib_torch import (
     disable_fused_adam,
     disable_fused_adamw,
@@ -33,6 +35,7 @@ from fusedops.hooks.lib_torch import (
     enable_fused_rms_norm,
     enable_quick_gelu,
 )
+from fusedops.hooks.lib_torchvision import disable_fused_nms, enable_fused_nms
 from fusedops.hooks.machinery import (
     Hook,
     Target,
@@ -56,6 +59,7 @@ __all__ = [
     "disable_fused_adam",
     "disable_fused_adamw",
     "disable_fused_layer_norm",
+    "disable_fused_nms",
     "disable_fused_rms_norm",
     "disable_quick_gelu",
     "enable",
@@ -63,6 +67,7 @@ __all__ = [
     "enable_fused_adam",
     "enable_fused_adamw",
     "enable_fused_layer_norm",
+    "enable_fused_nms",
     "enable_fused_rms_norm",
     "enable_quick_gelu",
     "enabled",

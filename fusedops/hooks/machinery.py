@@ -134,8 +134,10 @@ def _apply(hook: Hook, target: Target) -> None:
             stacklevel=3,
         )
         return
-    if any(patched is original for _, _, _, patched in hook.applied):
-        return  # this location already shows our replacement
+    for _, _, first_original, patched in hook.applied:
+        if patched is original:  # already our replacement, bound here from a patched location
+            hook.applied.append((module, target.attr, first_original, patched))  # restore it too
+            return
     replacement = target.make(original)
     setattr(module, target.attr, replacement)
     hook.applied.append((module, target.attr, original, replacement))

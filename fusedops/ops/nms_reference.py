@@ -24,13 +24,35 @@ suppresses (as torchvision); soft-NMS counts it as 0.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: soft-NMS methods, coded as mmcv codes them.
 NAIVE, LINEAR, GAUSSIAN = 0, 1, 2
 
 #: Boxes resolved together by the greedy NMS (one pairwise IoU matrix of CHUNK^2 at a time).
-CHUNK = 256
+CHUNK = 128
+
+
+def one_thread_on_cpu(core):
+    """Run ``core`` (whose first argument is a tensor) with one intra-op thread when its
+    tensors are on the CPU. The cores are sequences of many small ops: OpenMP teams never pay
+    there, and on a busy machine each parallel region costs milliseconds waiting for a thread
+    (a soft-NMS step went from 0.2 ms to 5 ms with two threads on a loaded 2-core host)."""
+
+    @functools.wraps(core)
+    def run(tensor, *args):
+        threads = torch.get_num_threads()
+        if tensor.device.type != "cpu" or threads == 1:
+            return core(tensor, *args)
+        torch.set_num_threads(1)  # this thread's OpenMP setting
+        try:
+            return core(tensor, *args)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
 
 
 def compute_dtype(boxes: torch.Tensor) -> torch.dtype:
@@ -43,19 +65,10 @@ def areas(boxes: torch.Tensor, offset: int) -> torch.Tensor:
     return (boxes[:, 2] - boxes[:, 0] + offset) * (boxes[:, 3] - boxes[:, 1] + offset)
 
 
-def pairwise_iou(a, area_a, b, area_b, offset: int) -> torch.Tensor:
-    """IoU of every box of ``a`` (M, 4) with every box of ``b`` (K, 4): (M, K)."""
-    return elementwise_iou(a[:, None, :], area_a[:, None], b[None, :, :], area_b[None, :], offset)
-
-
-def elementwise_iou(a, area_a, b, area_b, offset: int) -> torch.Tensor:
-    """IoU of boxes ``a[..., :]`` and ``b[..., :]`` (broadcast), NaN where the union is 0."""
-    w = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0]) + offset).clamp(
-        min=0
-    )
-    h = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1]) + offset).clamp(
-        min=0
-    )
+def coords_iou(ax1, ay1, ax2, ay2, area_a, bx1, by1, bx2, by2, area_b, offset: int):
+    """IoU from coordinates and areas (broadcast), NaN where the union is 0."""
+    w = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1) + offset).clamp(min=0)
+    h = (torch.minimum(ay2, by2) - torch.maximum(ay1, by1) + offset).clamp(min=0)
     inter = w * h
     return inter / (area_a + area_b - inter)
 
@@ -81,14 +94,16 @@ def _greedy_keep(boxes: torch.Tensor, iou_threshold: float, offset: int) -> torc
     n = boxes.shape[0]
     keep = torch.zeros(n, dtype=torch.bool, device=boxes.device)
     alive = torch.ones(n, dtype=torch.bool, device=boxes.device)  # neither kept nor suppressed
-    area = areas(boxes, offset)
+    coords = [c.contiguous() for c in boxes.unbind(1)]  # 1-D: small ops stay single-threaded
+    coords.append(areas(boxes, offset))
     x1, x2_end = _x_extent(boxes, offset)
     rest = torch.arange(n, device=boxes.device)  # alive positions in score order
     by_x = torch.argsort(x1, stable=True)  # alive positions in x1 order
     while rest.numel():
         head = rest[:CHUNK]
-        over = pairwise_iou(boxes[head], area[head], boxes[head], area[head], offset)
-        kept = head[_resolve((over > iou_threshold).triu_(1))]
+        box = [c.index_select(0, head) for c in coords]
+        over = coords_iou(*(c[:, None] for c in box), *box, offset) > iou_threshold
+        kept = head[_resolve(over.triu_(1))]
         keep[kept] = True
         alive[head] = False
         by_x = by_x[alive[by_x]]
@@ -96,8 +111,13 @@ def _greedy_keep(boxes: torch.Tensor, iou_threshold: float, offset: int) -> torc
             if iou_threshold >= 0:
                 k, r = _x_overlapping_pairs(kept, by_x, x1, x2_end)
             else:  # every pair may pass a negative threshold
-                k, r = kept.repeat_interleave(by_x.numel()), by_x.repeat(kept.numel())
-            iou = elementwise_iou(boxes[k], area[k], boxes[r], area[r], offset)
+                k = kept[:, None].expand(-1, by_x.numel()).reshape(-1)
+                r = by_x[None, :].expand(kept.numel(), -1).reshape(-1)
+            iou = coords_iou(
+                *(c.index_select(0, k) for c in coords),
+                *(c.index_select(0, r) for c in coords),
+                offset,
+            )
             alive[r[iou > iou_threshold]] = False
         rest = rest[CHUNK:]
         rest = rest[alive[rest]]
@@ -127,13 +147,16 @@ def _x_overlapping_pairs(a, b_by_x, x1, x2_end):
 
 
 def _ranges(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every (owner, value) with lo[owner] <= value < hi[owner]."""
+    """Every (owner, value) with lo[owner] <= value < hi[owner]. (Built with searchsorted, not
+    repeat_interleave, whose CPU kernel wakes every OpenMP thread however small it is.)"""
     counts = (hi - lo).clamp(min=0)
-    owner = torch.repeat_interleave(torch.arange(lo.numel(), device=lo.device), counts)
-    first = torch.cumsum(counts, 0) - counts
-    return owner, lo[owner] + torch.arange(owner.numel(), device=lo.device) - first[owner]
+    ends = torch.cumsum(counts, 0)
+    slots = torch.arange(int(ends[-1]) if ends.numel() else 0, device=lo.device)
+    owner = torch.searchsorted(ends, slots, right=True)
+    return owner, lo[owner] + slots - (ends - counts)[owner]
 
 
+@one_thread_on_cpu
 def nms_walk(
     boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshold: float, offset: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +190,7 @@ def soft_weight(iou: torch.Tensor, iou_threshold: float, sigma: float, method: i
     return torch.where(iou >= iou_threshold, decayed, 1.0)
 
 
+@one_thread_on_cpu
 def soft_nms_segments(
     boxes_p: torch.Tensor,
     scores_p: torch.Tensor,
@@ -185,27 +209,27 @@ def soft_nms_segments(
     out_pos = torch.full((n,), n, dtype=torch.int64, device=device)
     out_score = torch.zeros(n, dtype=scores_p.dtype, device=device)
     counts = torch.zeros(n_segments, dtype=torch.int64, device=device)
-    # the boxes still in play, compacted after every step: x1 y1 x2 y2 area score | position
-    boxes = boxes_p.to(scores_p.dtype)
-    state = torch.cat((boxes, areas(boxes, offset)[:, None], scores_p[:, None]), dim=1)
-    pos = torch.arange(n, device=device)
-    segment = torch.repeat_interleave(
-        torch.arange(n_segments, device=device), seg_starts.diff(), output_size=n
-    )
-    while pos.numel():
-        picked, pick_of = _picks(state[:, 5], segment, n_segments)
+    # The boxes still in play, compacted after every step, as 1-D tensors (small 1-D ops stay
+    # single-threaded: no OpenMP wake-ups per step): x1 y1 x2 y2 area score position segment.
+    coords = [c.contiguous() for c in boxes_p.to(scores_p.dtype).unbind(1)]
+    area = (coords[2] - coords[0] + offset) * (coords[3] - coords[1] + offset)
+    segment = torch.searchsorted(seg_starts[1:], torch.arange(n, device=device), right=True)
+    state = [*coords, area, scores_p.clone(), torch.arange(n, device=device), segment]
+    while state[6].numel():
+        *coords, area, score, pos, segment = state
+        picked, pick_of = _picks(score, segment, n_segments)
         seg_picked = segment[picked]
         slots = seg_starts[seg_picked] + counts[seg_picked]
         out_pos[slots] = pos[picked]
-        out_score[slots] = state[picked, 5]
+        out_score[slots] = score[picked]
         counts[seg_picked] += 1
-        pick = state[pick_of]
-        iou = elementwise_iou(pick[:, :4], pick[:, 4], state[:, :4], state[:, 4], offset)
-        score = state[:, 5] * soft_weight(iou, iou_threshold, sigma, method)
+        pick = [c[pick_of] for c in coords] + [area[pick_of]]
+        iou = coords_iou(*pick, *coords, area, offset)
+        score = score * soft_weight(iou, iou_threshold, sigma, method)
         alive = score >= min_score
         alive[picked] = False
-        state[:, 5] = score
-        state, pos, segment = state[alive], pos[alive], segment[alive]
+        rows = torch.nonzero(alive).flatten()
+        state = [t.index_select(0, rows) for t in (*coords, area, score, pos, segment)]
     return out_pos, out_score, counts
 
 

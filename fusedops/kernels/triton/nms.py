@@ -111,9 +111,9 @@ def _walk_kernel(
     COLUMNS: tl.constexpr,
 ):
     column = tl.arange(0, COLUMNS)
-    for c0 in range(0, col_blocks, COLUMNS):
-        cols = c0 + column
-        tl.store(removed_ptr + cols, tl.zeros([COLUMNS], tl.int64), mask=cols < col_blocks)
+    for first in range(0, col_blocks, COLUMNS):
+        words = first + column
+        tl.store(removed_ptr + words, tl.zeros([COLUMNS], tl.int64), mask=words < col_blocks)
     tl.debug_barrier()
     count = tl.zeros([], tl.int64)
     for block in range(0, col_blocks):
@@ -129,7 +129,7 @@ def _walk_kernel(
                 count += 1
                 row = mask_ptr + (row0 + i) * col_blocks
                 removed |= tl.load(row + block)
-                for c0 in range(block + 1, end, COLUMNS):
+                for c0 in range(row0 // 64 + 1, end, COLUMNS):  # int64 bounds
                     cols = c0 + column
                     inside = cols < end
                     old = tl.load(removed_ptr + cols, mask=inside, other=0)

@@ -206,31 +206,38 @@ def soft_nms_segments(
     and drops what falls below min_score (see the module docstring for the outputs)."""
     device, n = boxes_p.device, boxes_p.shape[0]
     n_segments = seg_starts.numel() - 1
-    out_pos = torch.full((n,), n, dtype=torch.int64, device=device)
-    out_score = torch.zeros(n, dtype=scores_p.dtype, device=device)
-    counts = torch.zeros(n_segments, dtype=torch.int64, device=device)
-    # The boxes still in play, compacted after every step, as 1-D tensors (small 1-D ops stay
-    # single-threaded: no OpenMP wake-ups per step): x1 y1 x2 y2 area score position segment.
-    coords = [c.contiguous() for c in boxes_p.to(scores_p.dtype).unbind(1)]
-    area = (coords[2] - coords[0] + offset) * (coords[3] - coords[1] + offset)
-    segment = torch.searchsorted(seg_starts[1:], torch.arange(n, device=device), right=True)
-    state = [*coords, area, scores_p.clone(), torch.arange(n, device=device), segment]
-    while state[6].numel():
-        *coords, area, score, pos, segment = state
-        picked, pick_of = _picks(score, segment, n_segments)
-        seg_picked = segment[picked]
-        slots = seg_starts[seg_picked] + counts[seg_picked]
-        out_pos[slots] = pos[picked]
-        out_score[slots] = score[picked]
-        counts[seg_picked] += 1
-        pick = [c[pick_of] for c in coords] + [area[pick_of]]
-        iou = coords_iou(*pick, *coords, area, offset)
-        score = score * soft_weight(iou, iou_threshold, sigma, method)
-        alive = score >= min_score
+    boxes = boxes_p.to(scores_p.dtype)
+    # the boxes in play, compacted after every step: rows x1 y1 x2 y2 area score; 1-D tensors
+    # and few ops per step (small ops stay single-threaded: no OpenMP wake-ups)
+    state = torch.stack((*boxes.unbind(1), areas(boxes, offset), scores_p))
+    pos = torch.arange(n, device=device)
+    segment = torch.searchsorted(seg_starts[1:], pos, right=True)
+    picks = []
+    while pos.numel():
+        picked, pick_of = _picks(state[5], segment, n_segments)
+        picks.append((pos[picked], state[5, picked], segment[picked]))
+        iou = coords_iou(*state[:5, pick_of], *state[:5], offset)
+        state[5] *= soft_weight(iou, iou_threshold, sigma, method)
+        alive = state[5] >= min_score
         alive[picked] = False
         rows = torch.nonzero(alive).flatten()
-        state = [t.index_select(0, rows) for t in (*coords, area, score, pos, segment)]
-    return out_pos, out_score, counts
+        state, pos, segment = state.index_select(1, rows), pos[rows], segment[rows]
+    return _by_segment(picks, seg_starts, n, scores_p.dtype)
+
+
+def _by_segment(picks, seg_starts, n, dtype):
+    """The outputs from the steps' (positions, scores, segments): each segment's picks in pick
+    order from its start, then n / 0; and the counts per segment."""
+    pos, score, segment = (torch.cat(parts) for parts in zip(*picks))
+    order = torch.sort(segment, stable=True).indices  # per segment, in pick order
+    segment = segment[order]
+    rank = torch.arange(segment.numel(), device=segment.device)
+    slots = seg_starts[segment] + rank - torch.searchsorted(segment, segment)
+    out_pos = torch.full((n,), n, dtype=torch.int64, device=seg_starts.device)
+    out_score = torch.zeros(n, dtype=dtype, device=seg_starts.device)
+    out_pos[slots], out_score[slots] = pos[order], score[order]
+    counts = torch.zeros(seg_starts.numel() - 1, dtype=torch.int64, device=seg_starts.device)
+    return out_pos, out_score, counts.scatter_add_(0, segment, torch.ones_like(segment))
 
 
 def _picks(score: torch.Tensor, segment: torch.Tensor, n_segments: int):

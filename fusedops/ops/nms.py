@@ -38,7 +38,7 @@ import numbers
 
 import torch
 
-from fusedops import dispatch
+from fusedops import _alloc, dispatch
 from fusedops.ops import nms_reference
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
@@ -72,6 +72,26 @@ def block_column_end(classes_p: torch.Tensor, n: int) -> torch.Tensor:
     first_class = classes_p[::64].contiguous()
     last = torch.clamp(torch.arange(1, blocks + 1, device=classes_p.device) * 64, max=n) - 1
     return torch.searchsorted(first_class, classes_p[last], right=True)
+
+
+def nms_walk_buffers(n: int, device) -> tuple[torch.Tensor, ...]:
+    """What an nms kernel pair fills: the bitmask (n * ceil(n / 64) 64-bit words, only the
+    words the walk reads are written), positions (n,) int64 and count () int64."""
+    return (
+        _alloc.empty((n * -(-n // 64),), dtype=torch.int64, device=device),
+        _alloc.empty((n,), dtype=torch.int64, device=device),
+        _alloc.empty((), dtype=torch.int64, device=device),
+    )
+
+
+def soft_nms_outputs(n: int, n_segments: int, device) -> tuple[torch.Tensor, ...]:
+    """The outputs a soft-NMS kernel fills: positions (n,) int64, picked scores (n,) fp32 and
+    counts (segments,) int64 (poisoned under test)."""
+    return (
+        _alloc.empty((n,), dtype=torch.int64, device=device),
+        _alloc.empty((n,), dtype=torch.float32, device=device),
+        _alloc.empty((n_segments,), dtype=torch.int64, device=device),
+    )
 
 
 def _with_sentinel(t: torch.Tensor, value: int) -> torch.Tensor:

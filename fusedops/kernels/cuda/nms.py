@@ -9,21 +9,15 @@ import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
-from fusedops.ops.nms import block_column_end
-
-WORD = 64
+from fusedops.ops.nms import block_column_end, nms_walk_buffers, soft_nms_outputs
 
 
 def nms_walk(boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshold, offset):
     """Greedy NMS over boxes_p (N, 4) CUDA fp32/fp16/bf16 in processing order; classes_p int64
     (N,) grouped, or None. Returns (positions (N,) int64, count 0-dim int64)."""
     n = boxes_p.shape[0]
-    blocks = -(-n // WORD)
-    device = boxes_p.device
     col_end = None if classes_p is None else block_column_end(classes_p, n)
-    mask = _alloc.empty((n * blocks,), dtype=torch.int64, device=device)
-    positions = _alloc.empty((n,), dtype=torch.int64, device=device)
-    count = _alloc.empty((), dtype=torch.int64, device=device)
+    mask, positions, count = nms_walk_buffers(n, boxes_p.device)
     library().nms_walk(
         boxes_p, classes_p, col_end, mask, positions, count, float(iou_threshold), float(offset)
     )
@@ -49,9 +43,7 @@ def soft_nms_segments(
     workspace = None
     if longest > _shared_items(device):
         workspace = _alloc.empty((7 * n,), dtype=torch.float32, device=device)
-    positions = _alloc.empty((n,), dtype=torch.int64, device=device)
-    picked = _alloc.empty((n,), dtype=torch.float32, device=device)
-    counts = _alloc.empty((n_segments,), dtype=torch.int64, device=device)
+    positions, picked, counts = soft_nms_outputs(n, n_segments, device)
     library().soft_nms_segments(
         boxes_p, scores_p.contiguous(), seg_starts, longest, workspace, positions, picked,
         counts, float(iou_threshold), float(sigma), float(min_score), int(method), float(offset),

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
-from fusedops.ops.nms import block_column_end
+from fusedops.ops.nms import block_column_end, nms_walk_buffers, soft_nms_outputs
 
 #: Boxes per bitmask word (and per row/column block of the mask).
 WORD = 64
@@ -151,14 +151,12 @@ def nms_walk(boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshol
     batched = classes_p is not None
     col_end = block_column_end(classes_p, n) if batched else boxes_p.new_empty(0, dtype=torch.int64)
     classes = classes_p if batched else col_end
-    mask = _alloc.empty((n * col_blocks,), dtype=torch.int64, device=device)
+    mask, positions, count = nms_walk_buffers(n, device)
     _mask_kernel[(col_blocks, col_blocks)](
         boxes_p, classes, col_end, mask, n, col_blocks, float(iou_threshold), float(offset),
         BATCHED=batched, enable_fp_fusion=False,
     )  # fmt: skip
     removed = _alloc.empty((col_blocks,), dtype=torch.int64, device=device)
-    positions = _alloc.empty((n,), dtype=torch.int64, device=device)
-    count = _alloc.empty((), dtype=torch.int64, device=device)
     _walk_kernel[(1,)](
         mask, col_end, removed, positions, count, n, col_blocks,
         BATCHED=batched, COLUMNS=WALK_COLUMNS,
@@ -251,9 +249,7 @@ def soft_nms_segments(
     n_segments = seg_starts.numel() - 1
     device = boxes_p.device
     work = _alloc.empty((n,), dtype=torch.float32, device=device)
-    positions = _alloc.empty((n,), dtype=torch.int64, device=device)
-    picked = _alloc.empty((n,), dtype=torch.float32, device=device)
-    counts = _alloc.empty((n_segments,), dtype=torch.int64, device=device)
+    positions, picked, counts = soft_nms_outputs(n, n_segments, device)
     block = min(SOFT_BLOCK, triton.next_power_of_2(n))
     _soft_nms_kernel[(n_segments,)](
         boxes_p, scores_p, work, seg_starts, positions, picked, counts, n,

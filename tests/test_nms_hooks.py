@@ -229,13 +229,13 @@ def test_fusedops_hooks_env_enables_the_nms_hook(tmp_path):
 
 
 def test_enable_warns_when_neither_library_is_installed(monkeypatch):
-    monkeypatch.setattr(lib_torchvision.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(lib_torchvision, "installed", lambda package: False)
     with pytest.warns(UserWarning, match="neither torchvision nor mmcv is installed"):
         hooks.enable_fused_nms()
     assert hooks.enabled() == ["nms"]
     hooks.disable_fused_nms()
     assert hooks.enabled() == []
-    monkeypatch.setattr(lib_torchvision.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(lib_torchvision, "installed", lambda package: package == "mmcv")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hooks.enable_fused_nms()

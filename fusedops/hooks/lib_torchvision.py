@@ -34,11 +34,16 @@ def _torchvision_targets(**_) -> list[Target]:
 register_hook(Hook("nms", targets=_torchvision_targets))
 
 
+def installed(package: str) -> bool:
+    """Whether ``package`` can be found on sys.path (without importing it)."""
+    return importlib.util.find_spec(package) is not None
+
+
 def enable_fused_nms() -> None:
     """Replace torchvision's ``nms`` / ``batched_nms`` (``torchvision.ops`` and
     ``torchvision.ops.boxes``) and mmcv's ``nms`` / ``soft_nms`` / ``batched_nms``
     (``mmcv.ops`` and ``mmcv.ops.nms``) by fusedops' versions, now or when they are imported."""
-    if not any(importlib.util.find_spec(name) for name in ("torchvision", "mmcv")):
+    if not any(installed(name) for name in ("torchvision", "mmcv")):
         warnings.warn(
             "enable_fused_nms(): neither torchvision nor mmcv is installed, so nothing is "
             "patched unless one is imported later",

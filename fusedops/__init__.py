@@ -26,6 +26,11 @@ _ATTRIBUTES = {
     "window_partition_roll": "fusedops.ops.window_process",
     "window_reverse_roll": "fusedops.ops.window_process",
     "swin_attention_softmax": "fusedops.ops.swin_softmax",
+    "nms": "fusedops.ops.nms",
+    "batched_nms": "fusedops.ops.nms",
+    "nms_normal": "fusedops.ops.nms",
+    "soft_nms": "fusedops.ops.nms",
+    "batched_soft_nms": "fusedops.ops.nms",
 }
 _SUBMODULES = (
     "dispatch",

@@ -18,13 +18,19 @@ that is already built (``verbose=True`` prints how many modules of each class it
 ``unfused(model)`` lists the modules of a model that a hook covers but that are not fused.
 
 Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
-patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``, ``lib_timm``). Importing this
-package never imports torch or those libraries.
+patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``, ``lib_timm``,
+``lib_torchvision``, ``lib_mmcv``). Importing this package never imports torch or those
+libraries.
 """
 
 from __future__ import annotations
 
-from fusedops.hooks import lib_open_clip, lib_timm, lib_transformers  # noqa: F401  (contributions)
+from fusedops.hooks import (  # noqa: F401  (their contributions)
+    lib_mmcv,
+    lib_open_clip,
+    lib_timm,
+    lib_transformers,
+)
 from fusedops.hooks.lib_torch import (
     disable_fused_adam,
     disable_fused_adamw,
@@ -37,6 +43,7 @@ from fusedops.hooks.lib_torch import (
     enable_fused_rms_norm,
     enable_quick_gelu,
 )
+from fusedops.hooks.lib_torchvision import disable_fused_nms, enable_fused_nms
 from fusedops.hooks.lib_transformers import disable_fused_swin, enable_fused_swin
 from fusedops.hooks.machinery import (
     Hook,
@@ -64,6 +71,7 @@ __all__ = [
     "disable_fused_adam",
     "disable_fused_adamw",
     "disable_fused_layer_norm",
+    "disable_fused_nms",
     "disable_fused_rms_norm",
     "disable_fused_swin",
     "disable_quick_gelu",
@@ -72,6 +80,7 @@ __all__ = [
     "enable_fused_adam",
     "enable_fused_adamw",
     "enable_fused_layer_norm",
+    "enable_fused_nms",
     "enable_fused_rms_norm",
     "enable_fused_swin",
     "enable_quick_gelu",

@@ -11,6 +11,7 @@ OP_MODULES = (
     "window_attention",
     "window_process",
     "swin_softmax",
+    "nms",
 )
 
 

@@ -651,6 +651,83 @@ void swin_softmax_backward(const at::Tensor& grad, const at::Tensor& probs, at::
                "swin_softmax_backward");
 }
 
+// NMS / soft-NMS (nms.cu): outputs and workspaces are allocated by kernels/cuda/nms.py.
+void check_nms_tensor(const at::Tensor& t, const char* name, int64_t numel,
+                      at::ScalarType dtype, const at::Tensor& boxes) {
+  TORCH_CHECK(t.is_cuda() && t.device() == boxes.device(), name, " must be on ",
+              boxes.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ",
+                   t.scalar_type());
+  TORCH_CHECK(t.numel() == numel, name, " has ", t.numel(), " elements, expected ", numel);
+}
+
+int64_t check_boxes(const at::Tensor& boxes) {
+  TORCH_CHECK(boxes.is_cuda(), "boxes must be a CUDA tensor");
+  TORCH_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, "boxes must have shape (N, 4)");
+  TORCH_CHECK(boxes.is_contiguous(), "boxes must be contiguous");
+  return boxes.size(0);
+}
+
+void nms_walk(const at::Tensor& boxes, const std::optional<at::Tensor>& classes,
+              const std::optional<at::Tensor>& col_end, at::Tensor& mask, at::Tensor& positions,
+              at::Tensor& count, double iou_threshold, double offset) {
+  const int64_t n = check_boxes(boxes);
+  const int64_t blocks = (n + 63) / 64;
+  TORCH_CHECK(classes.has_value() == col_end.has_value(), "classes and col_end go together");
+  if (classes.has_value()) {
+    check_nms_tensor(*classes, "classes", n, at::kLong, boxes);
+    check_nms_tensor(*col_end, "col_end", blocks, at::kLong, boxes);
+  }
+  check_nms_tensor(mask, "mask", n * blocks, at::kLong, boxes);
+  check_nms_tensor(positions, "positions", n, at::kLong, boxes);
+  check_nms_tensor(count, "count", 1, at::kLong, boxes);
+  const auto indices = [](const std::optional<at::Tensor>& t) {
+    return t.has_value() ? t->const_data_ptr<int64_t>() : nullptr;
+  };
+  c10::cuda::CUDAGuard guard(boxes.device());
+  check_launch(fusedops::nms_walk(boxes.const_data_ptr(), indices(classes), indices(col_end),
+                                  static_cast<uint64_t*>(mask.data_ptr()), n,
+                                  static_cast<float>(iou_threshold), static_cast<float>(offset),
+                                  positions.data_ptr<int64_t>(), count.data_ptr<int64_t>(),
+                                  dtype_of(boxes, "boxes"), current_stream()),
+               "nms_walk");
+}
+
+void soft_nms_segments(const at::Tensor& boxes, const at::Tensor& scores,
+                       const at::Tensor& seg_starts, int64_t longest,
+                       const std::optional<at::Tensor>& workspace, at::Tensor& positions,
+                       at::Tensor& picked, at::Tensor& counts, double iou_threshold,
+                       double sigma, double min_score, int64_t method, double offset) {
+  const int64_t n = check_boxes(boxes);
+  const int64_t segments = seg_starts.numel() - 1;
+  TORCH_CHECK(segments >= 0, "seg_starts must hold at least one element");
+  TORCH_CHECK(method >= 0 && method <= 2, "method must be 0, 1 or 2, got ", method);
+  check_nms_tensor(scores, "scores", n, at::kFloat, boxes);
+  check_nms_tensor(seg_starts, "seg_starts", segments + 1, at::kLong, boxes);
+  check_nms_tensor(positions, "positions", n, at::kLong, boxes);
+  check_nms_tensor(picked, "picked", n, at::kFloat, boxes);
+  check_nms_tensor(counts, "counts", segments, at::kLong, boxes);
+  if (workspace.has_value()) check_nms_tensor(*workspace, "workspace", 7 * n, at::kFloat, boxes);
+  const fusedops::SoftNmsOptions options{
+      static_cast<float>(iou_threshold), static_cast<float>(sigma),
+      static_cast<float>(min_score), static_cast<float>(offset), static_cast<int>(method)};
+  c10::cuda::CUDAGuard guard(boxes.device());
+  check_launch(fusedops::soft_nms_segments(
+                   boxes.const_data_ptr(), scores.const_data_ptr<float>(),
+                   seg_starts.const_data_ptr<int64_t>(), segments, n, longest,
+                   workspace.has_value() ? workspace->data_ptr<float>() : nullptr,
+                   positions.data_ptr<int64_t>(), picked.data_ptr<float>(),
+                   counts.data_ptr<int64_t>(), options, dtype_of(boxes, "boxes"),
+                   current_stream()),
+               "soft_nms_segments");
+}
+
+int64_t soft_nms_shared_items(const at::Tensor& like) {
+  TORCH_CHECK(like.is_cuda(), "soft_nms_shared_items takes a CUDA tensor");
+  return fusedops::soft_nms_shared_items(like.get_device());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusedops_cuda, m) {
@@ -693,6 +770,14 @@ TORCH_LIBRARY(fusedops_cuda, m) {
   m.def(
       "swin_softmax_backward(Tensor grad, Tensor probs, Tensor(a!) d_attn, Tensor(b!) partial) "
       "-> ()");
+  m.def(
+      "nms_walk(Tensor boxes, Tensor? classes, Tensor? col_end, Tensor(a!) mask, "
+      "Tensor(b!) positions, Tensor(c!) count, float iou_threshold, float offset) -> ()");
+  m.def(
+      "soft_nms_segments(Tensor boxes, Tensor scores, Tensor seg_starts, int longest, "
+      "Tensor(a!)? workspace, Tensor(b!) positions, Tensor(c!) picked, Tensor(d!) counts, "
+      "float iou_threshold, float sigma, float min_score, int method, float offset) -> ()");
+  m.def("soft_nms_shared_items(Tensor like) -> int");
 }
 
 TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
@@ -709,6 +794,9 @@ TORCH_LIBRARY_IMPL(fusedops_cuda, CUDA, m) {
   m.impl("window_gather", &window_gather);
   m.impl("swin_softmax_forward", &swin_softmax_forward);
   m.impl("swin_softmax_backward", &swin_softmax_backward);
+  m.impl("nms_walk", &nms_walk);
+  m.impl("soft_nms_segments", &soft_nms_segments);
+  m.impl("soft_nms_shared_items", &soft_nms_shared_items);
 }
 
 TORCH_LIBRARY_IMPL(fusedops_cuda, Autograd, m) { m.impl("norm", &norm_autograd); }

@@ -1,0 +1,96 @@
+"""mmcv's NMS functions in the "nms" hook (``lib_torchvision`` defines it): ``nms``, ``soft_nms``
+and ``batched_nms`` in ``mmcv.ops`` and in the ``mmcv.ops.nms`` module (where mmcv's own
+``batched_nms`` looks them up, and where mmdet imports them from).
+
+The replacements keep mmcv's signatures and results: numpy inputs give numpy outputs;
+``batched_nms(boxes, scores, idxs, nms_cfg, class_agnostic=False)`` runs fusedops for
+``type="nms"`` and ``"soft_nms"`` on (x1, y1, x2, y2) boxes and calls mmcv's own function for
+anything else. Never imports torch, mmcv or fusedops' ops until a replacement runs.
+"""
+
+from __future__ import annotations
+
+from fusedops.hooks import lib_torchvision  # noqa: F401  (defines the "nms" hook)
+from fusedops.hooks.machinery import Target, contribute
+
+#: mmcv runs one soft-NMS over all classes below this many boxes (its default ``split_thr``).
+MMCV_SPLIT_THRESHOLD = 10000
+
+
+def _numpy_aware(function, boxes, scores, *args):
+    """``function(boxes, scores, *args) -> (dets, inds)`` on tensors; numpy arrays in, out."""
+    import torch
+
+    if isinstance(boxes, torch.Tensor):
+        return function(boxes, scores, *args)
+    dets, inds = function(torch.from_numpy(boxes), torch.as_tensor(scores), *args)
+    return dets.numpy(), inds.numpy()
+
+
+def nms(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):
+    """``mmcv.ops.nms`` on fusedops: ``(dets (K, 5), inds (K,))``."""
+    from fusedops.ops.nms import nms_normal
+
+    options = (iou_threshold, offset, score_threshold, max_num)
+    return _numpy_aware(nms_normal, boxes, scores, *options)
+
+
+def soft_nms(
+    boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3, method="linear", offset=0
+):
+    """``mmcv.ops.soft_nms`` on fusedops (on the boxes' device): ``(dets (K, 5), inds (K,))``."""
+    from fusedops.ops.nms import soft_nms as fused_soft_nms
+
+    options = (iou_threshold, sigma, min_score, method, offset)
+    return _numpy_aware(fused_soft_nms, boxes, scores, *options)
+
+
+def batched_nms_replacing(original):
+    """``mmcv.ops.batched_nms`` on fusedops, falling back to ``original`` (mmcv's)."""
+
+    def batched_nms(boxes, scores, idxs, nms_cfg, class_agnostic=False):
+        if nms_cfg is None or boxes.size(-1) != 4:
+            return original(boxes, scores, idxs, nms_cfg, class_agnostic)
+        cfg = dict(nms_cfg)
+        class_agnostic = cfg.pop("class_agnostic", class_agnostic)
+        kind = cfg.pop("type", "nms")
+        split_thr = cfg.pop("split_thr", MMCV_SPLIT_THRESHOLD)
+        max_num = cfg.pop("max_num", -1)
+        if kind not in ("nms", "soft_nms"):
+            return original(boxes, scores, idxs, nms_cfg, class_agnostic)
+        import torch
+
+        from fusedops.ops import nms as ops
+
+        groups = torch.zeros_like(idxs) if class_agnostic else idxs
+        if kind == "nms":
+            return ops.nms_with_options(boxes, scores, groups, max_num=max_num, **cfg)
+        chosen = None
+        if boxes.shape[0] < split_thr:
+            # mmcv runs one soft-NMS over every class: only the overall best box is exempt
+            # from min_score (per class, each class's best would be).
+            passing = scores >= cfg.get("min_score", 1e-3)
+            passing[torch.argmax(scores)] = True
+            chosen = torch.nonzero(passing).flatten()
+            boxes, scores, groups = boxes[chosen], scores[chosen], groups[chosen]
+        dets, keep = ops.batched_soft_nms(boxes, scores, groups, **cfg)
+        if chosen is not None:
+            keep = chosen[keep]
+        if max_num > 0:
+            dets, keep = dets[:max_num], keep[:max_num]
+        return dets, keep
+
+    batched_nms.__doc__ = original.__doc__
+    return batched_nms
+
+
+def _mmcv_targets(**_) -> list[Target]:
+    targets = []
+    for module in ("mmcv.ops.nms", "mmcv.ops"):
+        targets.append(Target(module, "nms", lambda original: nms))
+        targets.append(Target(module, "soft_nms", lambda original: soft_nms))
+        targets.append(Target(module, "batched_nms", batched_nms_replacing))
+    return targets
+
+
+contribute("nms", targets=_mmcv_targets)

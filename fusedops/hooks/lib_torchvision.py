@@ -1,0 +1,57 @@
+"""Hooks on torchvision: the "nms" hook replaces ``torchvision.ops.nms`` and
+``torchvision.ops.batched_nms`` (and their ``torchvision.ops.boxes`` homes, which torchvision's
+own detection models call) by ``fusedops.nms`` / ``fusedops.batched_nms``: same signatures,
+same results. ``lib_mmcv`` adds mmcv's NMS functions to the same hook.
+
+Enabled before torchvision is imported, the patch lands when ``torchvision.ops`` is imported,
+so ``from torchvision.ops import batched_nms`` in detection code gets fusedops' function.
+Never imports torch or torchvision.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+from fusedops.hooks.machinery import Hook, Target, disable, enable, register_hook, resolve
+
+#: (module, attribute, replacement) patched by the "nms" hook in torchvision.
+TORCHVISION_NMS = tuple(
+    (module, name, f"fusedops.ops.nms:{name}")
+    for module in ("torchvision.ops.boxes", "torchvision.ops")
+    for name in ("nms", "batched_nms")
+)
+
+
+def _replacement(fused: str):
+    return lambda original: resolve(fused)
+
+
+def _torchvision_targets(**_) -> list[Target]:
+    return [Target(module, attr, _replacement(fused)) for module, attr, fused in TORCHVISION_NMS]
+
+
+register_hook(Hook("nms", targets=_torchvision_targets))
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be found on sys.path (without importing it)."""
+    return importlib.util.find_spec(package) is not None
+
+
+def enable_fused_nms() -> None:
+    """Replace torchvision's ``nms`` / ``batched_nms`` (``torchvision.ops`` and
+    ``torchvision.ops.boxes``) and mmcv's ``nms`` / ``soft_nms`` / ``batched_nms``
+    (``mmcv.ops`` and ``mmcv.ops.nms``) by fusedops' versions, now or when they are imported."""
+    if not any(installed(name) for name in ("torchvision", "mmcv")):
+        warnings.warn(
+            "enable_fused_nms(): neither torchvision nor mmcv is installed, so nothing is "
+            "patched unless one is imported later",
+            stacklevel=2,
+        )
+    enable("nms")
+
+
+def disable_fused_nms() -> None:
+    """Restore the NMS functions ``enable_fused_nms`` replaced."""
+    disable("nms")

@@ -1,0 +1,563 @@
+"""The NMS family against brute-force oracles (plain loops in numpy float32), mmcv's golden
+soft-NMS case, every backend available here, the static ops (compile, export, XLA)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fusedops
+from fusedops.ops import nms as nms_ops
+from fusedops.testing import backends_under_test, device_under_test, non_contiguous, run_python
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
+KERNELS = [b for b in BACKENDS if b != "reference"]
+METHODS = ["naive", "linear", "gaussian"]
+BOX_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs and oracles.
+
+
+def random_boxes(n, overlap="heavy", dtype=torch.float32, device=DEVICE, seed=None):
+    """(boxes (n, 4), scores (n,)): "heavy": jittered around a few centres; "none": disjoint
+    cells of a grid; "some": uniform positions and sizes."""
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    if overlap == "none":
+        side = max(1, int(np.ceil(np.sqrt(n))))
+        cell = torch.arange(n)
+        xy = torch.stack((cell % side, cell // side), 1).double() * 10
+        wh = 1 + 8 * torch.rand(n, 2, generator=g, dtype=torch.float64)
+    elif overlap == "heavy":
+        centres = torch.rand(max(1, n // 20), 2, generator=g, dtype=torch.float64) * 100
+        wh = 10 + 20 * torch.rand(n, 2, generator=g, dtype=torch.float64)
+        pick = torch.randint(0, centres.shape[0], (n,), generator=g)
+        xy = centres[pick] + 3 * torch.randn(n, 2, generator=g, dtype=torch.float64) - wh / 2
+    else:
+        xy = torch.rand(n, 2, generator=g, dtype=torch.float64) * 200
+        wh = torch.rand(n, 2, generator=g, dtype=torch.float64) * 40
+    boxes = torch.cat((xy, xy + wh), 1).to(dtype)
+    scores = torch.rand(n, generator=g, dtype=torch.float64).float()
+    return boxes.to(device), scores.to(device)
+
+
+def _order(scores):
+    s = scores.double().cpu().numpy()
+    return np.array(sorted(range(len(s)), key=lambda i: (-s[i], i)), dtype=np.int64)
+
+
+def _areas(b, off):
+    return (b[:, 2] - b[:, 0] + off) * (b[:, 3] - b[:, 1] + off)
+
+
+def _iou_with(b, area, i, js, off):
+    w = np.maximum(np.minimum(b[i, 2], b[js, 2]) - np.maximum(b[i, 0], b[js, 0]) + off, 0)
+    h = np.maximum(np.minimum(b[i, 3], b[js, 3]) - np.maximum(b[i, 1], b[js, 1]) + off, 0)
+    inter = (w * h).astype(np.float32)
+    with np.errstate(all="ignore"):
+        return inter / (area[i] + area[js] - inter)
+
+
+def _classes(idxs, n):
+    return np.zeros(n, np.int64) if idxs is None else idxs.cpu().numpy()
+
+
+def oracle_nms(boxes, scores, thr, idxs=None, offset=0):
+    """Greedy NMS, one box at a time in decreasing score order (ties: lower index first)."""
+    b = boxes.float().cpu().numpy()
+    n, off = len(b), np.float32(offset)
+    cls, order, area = _classes(idxs, n), _order(scores), _areas(b, off)
+    removed, keep = np.zeros(n, bool), []
+    for at, i in enumerate(order):
+        if removed[i]:
+            continue
+        keep.append(int(i))
+        later = order[at + 1 :]
+        hit = (_iou_with(b, area, i, later, off) > np.float32(thr)) & (cls[later] == cls[i])
+        removed[later[hit]] = True
+    return keep
+
+
+def oracle_soft_nms(boxes, scores, thr, sigma, min_score, method, idxs=None, offset=0):
+    """Soft-NMS per class as mmcv's loop, one pick at a time; (indices, scores) merged by
+    decreasing score then index."""
+    b = boxes.float().cpu().numpy()
+    n, off = len(b), np.float32(offset)
+    cls, area = _classes(idxs, n), _areas(b, off)
+    score = scores.float().cpu().numpy().copy()
+    picks = []
+    for c in np.unique(cls):
+        alive = np.nonzero(cls == c)[0]
+        while alive.size:
+            i = alive[np.argmax(score[alive])]  # first of the best
+            picks.append((int(i), float(score[i])))
+            alive = alive[alive != i]
+            iou = np.nan_to_num(_iou_with(b, area, i, alive, off), nan=0.0)
+            if method == "gaussian":
+                weight = np.exp(-(iou * iou) / np.float32(sigma))
+            else:
+                decayed = np.float32(0) if method == "naive" else np.float32(1) - iou
+                weight = np.where(iou >= np.float32(thr), decayed, np.float32(1))
+            score[alive] = (score[alive] * weight).astype(np.float32)
+            alive = alive[score[alive] >= np.float32(min_score)]
+    picks.sort(key=lambda p: (-p[1], p[0]))
+    return [p[0] for p in picks], [p[1] for p in picks]
+
+
+def check_soft(dets, inds, boxes, expected, *, atol=1e-6):
+    want_inds, want_scores = expected
+    assert inds.dtype == torch.int64 and inds.tolist() == want_inds
+    assert dets.shape == (len(want_inds), 5)
+    torch.testing.assert_close(dets[:, :4].cpu(), boxes[inds].to(dets.dtype).cpu())
+    torch.testing.assert_close(
+        dets[:, 4].double().cpu(), torch.tensor(want_scores, dtype=torch.float64), atol=atol, rtol=0
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# nms / batched_nms
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 1000, 5000])
+@pytest.mark.parametrize("overlap", ["heavy", "none"])
+def test_reference_equals_brute_force(n, overlap):
+    boxes, scores = random_boxes(n, overlap, device="cpu")
+    keep = fusedops.nms(boxes, scores, 0.5, backend="reference")
+    assert keep.dtype == torch.int64 and keep.tolist() == oracle_nms(boxes, scores, 0.5)
+    idxs = torch.randint(0, 5, (n,))
+    keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend="reference")
+    assert keep.tolist() == oracle_nms(boxes, scores, 0.5, idxs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1, 7, 64, 65, 130])
+def test_backends_equal_brute_force(backend, n):
+    boxes, scores = random_boxes(n, "some")
+    for thr in (0.3, 0.7):
+        assert fusedops.nms(boxes, scores, thr, backend=backend).tolist() == oracle_nms(
+            boxes, scores, thr
+        )
+    idxs = torch.randint(0, 4, (n,), device=DEVICE)
+    keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes, scores, 0.5, idxs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", BOX_DTYPES[1:])
+def test_half_precision_boxes_compute_iou_in_fp32(backend, dtype):
+    boxes, scores = random_boxes(97, "heavy", dtype=dtype)
+    keep = fusedops.nms(boxes, scores.to(dtype), 0.5, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes.float(), scores.to(dtype), 0.5)
+    idxs = torch.randint(0, 3, (97,), device=DEVICE, dtype=torch.int32)
+    keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes.float(), scores, 0.5, idxs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_score_ties_keep_the_lower_index_first(backend):
+    boxes, scores = random_boxes(80, "heavy")
+    scores = (scores * 4).round() / 4  # five distinct values
+    keep = fusedops.nms(boxes, scores, 0.4, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes, scores, 0.4)
+    same = torch.tensor([[0, 0, 10, 10]] * 3, dtype=torch.float32, device=DEVICE)
+    ones = torch.ones(3, device=DEVICE)
+    assert fusedops.nms(same, ones, 0.5, backend=backend).tolist() == [0]
+    groups = torch.tensor([1, 0, 1], device=DEVICE)
+    assert fusedops.batched_nms(same, ones, groups, 0.5, backend=backend).tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threshold_is_strict_and_degenerate_boxes_never_suppress(backend):
+    # IoU([0,0,4,1], [0,0,2,1]) = 2 / 4 exactly
+    boxes = torch.tensor([[0, 0, 4, 1], [0, 0, 2, 1]], dtype=torch.float32, device=DEVICE)
+    scores = torch.tensor([0.9, 0.8], device=DEVICE)
+    assert fusedops.nms(boxes, scores, 0.5, backend=backend).tolist() == [0, 1]
+    assert fusedops.nms(boxes, scores, 0.49, backend=backend).tolist() == [0]
+    # zero-area boxes: IoU 0/0 is NaN, which suppresses nothing (as torchvision)
+    flat = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [2, 2, 2, 5], [0, 0, 3, 3]], device=DEVICE)
+    flat_scores = torch.tensor([0.9, 0.8, 0.7, 0.6], device=DEVICE)
+    assert fusedops.nms(flat.float(), flat_scores, 0.1, backend=backend).tolist() == [0, 1, 2, 3]
+    boxes, scores = random_boxes(70, "heavy")
+    boxes[::3, 2] = boxes[::3, 0]  # zero width
+    assert fusedops.nms(boxes, scores, 0.3, backend=backend).tolist() == oracle_nms(
+        boxes, scores, 0.3
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_nms_normal_offset_score_threshold_and_max_num(backend, offset):
+    boxes, scores = random_boxes(90, "heavy")
+    boxes = boxes.round()  # integer pixel boxes, where mmcv's offset 1 is meant
+    dets, inds = fusedops.nms_normal(boxes, scores, 0.3, offset=offset, backend=backend)
+    assert inds.tolist() == oracle_nms(boxes, scores, 0.3, offset=offset)
+    assert torch.equal(dets, torch.cat((boxes[inds], scores[inds, None]), 1))
+    valid = torch.nonzero(scores > 0.5).flatten()
+    expected = valid[oracle_nms(boxes[valid], scores[valid], 0.3, offset=offset)][:4]
+    dets, inds = fusedops.nms_normal(
+        boxes, scores, 0.3, offset=offset, score_threshold=0.5, max_num=4, backend=backend
+    )
+    assert inds.tolist() == expected.tolist() and dets.shape == (len(expected), 5)
+
+
+def test_empty_inputs_give_empty_int64_results():
+    boxes, scores = torch.empty(0, 4, device=DEVICE), torch.empty(0, device=DEVICE)
+    idxs = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    for backend in BACKENDS:
+        for keep in (
+            fusedops.nms(boxes, scores, 0.5, backend=backend),
+            fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend),
+        ):
+            assert keep.shape == (0,) and keep.dtype == torch.int64
+        for dets, inds in (
+            fusedops.nms_normal(boxes, scores, 0.5, backend=backend),
+            fusedops.soft_nms(boxes, scores, backend=backend),
+            fusedops.batched_soft_nms(boxes, scores, idxs, backend=backend),
+        ):
+            assert dets.shape == (0, 5) and inds.shape == (0,) and inds.dtype == torch.int64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_contiguous_inputs(backend):
+    boxes, scores = random_boxes(40, "heavy")
+    strided_scores = non_contiguous(scores[:, None])[:, 0]
+    keep = fusedops.nms(non_contiguous(boxes), strided_scores, 0.5, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes, scores, 0.5)
+    assert fusedops.nms(boxes.t().contiguous().t(), scores, 0.5, backend=backend).tolist() == (
+        keep.tolist()
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# soft-NMS
+
+GOLDEN_BOXES = [[6, 3, 8, 7], [3, 6, 9, 11], [3, 7, 10, 12], [1, 4, 13, 7]]
+GOLDEN = {  # mmcv's own test: thr 0.3, sigma 0.5, min_score 0.01
+    "linear": ([1, 0, 2, 3], [0.9, 0.6, 0.29024392, 0.2]),
+    "gaussian": ([1, 0, 2, 3], [0.9, 0.59630775, 0.35275510, 0.18650459]),
+    "naive": ([1, 0, 3], [0.9, 0.6, 0.2]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_soft_nms_mmcv_golden_case(backend, method):
+    boxes = torch.tensor(GOLDEN_BOXES, dtype=torch.float32, device=DEVICE)
+    scores = torch.tensor([0.6, 0.9, 0.7, 0.2], device=DEVICE)
+    dets, inds = fusedops.soft_nms(boxes, scores, 0.3, 0.5, 0.01, method, backend=backend)
+    check_soft(dets, inds, boxes, GOLDEN[method])
+    one_class = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    dets, inds = fusedops.batched_soft_nms(
+        boxes, scores, one_class, 0.3, 0.5, 0.01, method, backend=backend
+    )
+    check_soft(dets, inds, boxes, GOLDEN[method])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_soft_nms_equals_the_loop(backend, method, offset):
+    n = 150 if backend == "reference" else 40
+    boxes, scores = random_boxes(n, "heavy")
+    options = (0.3, 0.5, 0.05, method, offset)
+    dets, inds = fusedops.soft_nms(boxes, scores, *options, backend=backend)
+    check_soft(dets, inds, boxes, oracle_soft_nms(boxes, scores, *options[:4], offset=offset))
+    idxs = torch.randint(0, 3, (n,), device=DEVICE)
+    dets, inds = fusedops.batched_soft_nms(boxes, scores, idxs, *options, backend=backend)
+    expected = oracle_soft_nms(boxes, scores, *options[:4], idxs=idxs, offset=offset)
+    check_soft(dets, inds, boxes, expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_soft_nms_first_pick_is_kept_below_min_score_and_dtypes(backend):
+    boxes, scores = random_boxes(30, "none", dtype=torch.bfloat16)
+    low = scores * 1e-3  # every score below min_score: only each class's first pick stays
+    dets, inds = fusedops.soft_nms(boxes, low, min_score=0.01, backend=backend)
+    assert inds.tolist() == [int(torch.argmax(low))] and dets.dtype == torch.float32
+    idxs = torch.arange(30, device=DEVICE) % 2
+    low = low.bfloat16()
+    dets, inds = fusedops.batched_soft_nms(boxes, low, idxs, min_score=0.01, backend=backend)
+    firsts = [int(torch.argmax(torch.where(idxs == c, low.float(), -1))) for c in (0, 1)]
+    assert sorted(inds.tolist()) == sorted(firsts) and dets.dtype == torch.bfloat16
+
+
+def test_batched_soft_nms_is_soft_nms_per_class():
+    boxes, scores = random_boxes(120, "heavy", device="cpu")
+    idxs = torch.randint(0, 4, (120,))
+    dets, inds = fusedops.batched_soft_nms(boxes, scores, idxs, method="gaussian")
+    merged = []
+    for c in range(4):
+        members = torch.nonzero(idxs == c).flatten()
+        d, i = fusedops.soft_nms(boxes[members], scores[members], method="gaussian")
+        merged += [(float(s), int(members[k])) for s, k in zip(d[:, 4], i)]
+    merged.sort(key=lambda p: (-p[0], p[1]))
+    assert inds.tolist() == [k for _, k in merged]
+
+
+# ------------------------------------------------------------------------------------------
+# NaN scores and bad inputs.
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_scores_raise_value_error(backend):
+    boxes, scores = random_boxes(20, "heavy")
+    scores[7] = float("nan")
+    idxs = torch.zeros(20, dtype=torch.int64, device=DEVICE)
+    calls = [
+        lambda: fusedops.nms(boxes, scores, 0.5, backend=backend),
+        lambda: fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend),
+        lambda: fusedops.nms_normal(boxes, scores, 0.5, backend=backend),
+        lambda: fusedops.nms_normal(boxes, scores, 0.5, score_threshold=0.1, backend=backend),
+        lambda: fusedops.soft_nms(boxes, scores, backend=backend),
+        lambda: fusedops.batched_soft_nms(boxes, scores, idxs, backend=backend),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="scores contains NaN"):
+            call()
+
+
+BOXES = torch.zeros(3, 4)
+SCORES = torch.zeros(3)
+IDXS = torch.zeros(3, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: fusedops.nms(BOXES[:, :3], SCORES, 0.5), ValueError, "boxes must have shape"),
+        (lambda: fusedops.nms(BOXES[0], SCORES, 0.5), ValueError, "boxes must have shape"),
+        (lambda: fusedops.nms(BOXES.long(), SCORES, 0.5), TypeError, "boxes has dtype"),
+        (lambda: fusedops.nms([[0, 0, 1, 1]], SCORES, 0.5), TypeError, "boxes must be a torch"),
+        (lambda: fusedops.nms(BOXES, SCORES[:2], 0.5), ValueError, "scores must have shape"),
+        (lambda: fusedops.nms(BOXES, SCORES[:, None], 0.5), ValueError, "scores must have"),
+        (lambda: fusedops.nms(BOXES, SCORES.int(), 0.5), TypeError, "scores has dtype"),
+        (lambda: fusedops.nms(BOXES, SCORES, "0.5"), TypeError, "iou_threshold must be a num"),
+        (lambda: fusedops.nms(BOXES, SCORES, None), TypeError, "iou_threshold must be a num"),
+        (lambda: fusedops.nms(BOXES, SCORES, float("nan")), ValueError, "iou_threshold must not"),
+        (lambda: fusedops.nms(BOXES, SCORES, torch.tensor(0.5)), TypeError, "iou_threshold"),
+        (lambda: fusedops.batched_nms(BOXES, SCORES, IDXS.float(), 0.5), TypeError, "idxs has"),
+        (lambda: fusedops.batched_nms(BOXES, SCORES, IDXS.bool(), 0.5), TypeError, "idxs has"),
+        (lambda: fusedops.batched_nms(BOXES, SCORES, None, 0.5), TypeError, "idxs must be a"),
+        (lambda: fusedops.batched_nms(BOXES, SCORES, IDXS[:2], 0.5), ValueError, "idxs must"),
+        (lambda: fusedops.batched_nms(BOXES, SCORES, IDXS, [0.5]), TypeError, "iou_threshold"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, method="hard"), ValueError, "method 'hard'"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, method=1), TypeError, "method must be a str"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, sigma=0.0), ValueError, "sigma must be > 0"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, sigma=-1), ValueError, "sigma must be > 0"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, min_score="x"), TypeError, "min_score must"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, offset=2), ValueError, "offset must be 0 or 1"),
+        (lambda: fusedops.soft_nms(BOXES, SCORES, offset=0.5), TypeError, "offset must be an"),
+        (lambda: fusedops.batched_soft_nms(BOXES, SCORES, IDXS, sigma=0), ValueError, "sigma"),
+        (lambda: fusedops.nms_normal(BOXES, SCORES, 0.5, max_num=1.5), TypeError, "max_num"),
+        (lambda: fusedops.nms_normal(BOXES, SCORES, 0.5, score_threshold="a"), TypeError, "score"),
+        (lambda: fusedops.nms(BOXES, SCORES, 0.5, backend="gpu"), ValueError, "unknown backend"),
+    ],
+)
+def test_bad_inputs_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_mismatched_devices_are_named():
+    meta = torch.device("meta")
+    with pytest.raises(ValueError, match="scores is on meta but boxes is on cpu"):
+        fusedops.nms(BOXES, SCORES.to(meta), 0.5)
+    with pytest.raises(ValueError, match="idxs is on meta but boxes is on cpu"):
+        fusedops.batched_nms(BOXES, SCORES, IDXS.to(meta), 0.5)
+    with pytest.raises(ValueError, match="idxs is on meta"):
+        fusedops.batched_soft_nms(BOXES, SCORES, IDXS.to(meta))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal message")
+def test_forced_cuda_on_cpu_lists_reasons():
+    with pytest.raises(fusedops.BackendUnavailableError, match="backend 'cuda'"):
+        fusedops.nms(BOXES, SCORES, 0.5, backend="cuda")
+
+
+# ------------------------------------------------------------------------------------------
+# The static ops: torch.compile, opcheck, export, XLA, info.
+
+
+def test_torch_compile_fullgraph():
+    boxes, scores = random_boxes(60, "heavy", device="cpu")
+    idxs = torch.randint(0, 3, (60,))
+
+    def post(boxes, scores, idxs):
+        keep = fusedops.batched_nms(boxes, scores, idxs, 0.5)
+        dets, inds = fusedops.soft_nms(boxes, scores, method="gaussian")
+        return keep, dets, inds, fusedops.nms(boxes, scores, 0.5)
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = torch.compile(post, fullgraph=True, backend="aot_eager")
+        got = compiled(boxes, scores, idxs)
+    for a, b in zip(got, post(boxes, scores, idxs)):
+        assert torch.equal(a, b)
+
+
+def test_opcheck():
+    boxes, scores = random_boxes(30, "heavy", device="cpu")
+    idxs = torch.randint(0, 3, (30,))
+    for classes in (None, idxs):
+        torch.library.opcheck(
+            torch.ops.fusedops.nms.default, (boxes, scores, classes, 0.5, 0, None)
+        )
+        torch.library.opcheck(
+            torch.ops.fusedops.soft_nms.default,
+            (boxes, scores, classes, 0.3, 0.5, 0.01, 1, 1, None),
+        )
+
+
+def test_torch_export_keeps_the_custom_ops():
+    class Post(torch.nn.Module):
+        def forward(self, boxes, scores):
+            keep, count = nms_ops.NMS.op(boxes, scores, None, 0.5, 0, None)
+            inds, picked, n = nms_ops.SOFT_NMS.op(boxes, scores, None, 0.3, 0.5, 0.01, 2, 0, None)
+            return keep, count, inds, picked, n
+
+    boxes, scores = random_boxes(25, "heavy", device="cpu")
+    exported = torch.export.export(Post(), (boxes, scores))
+    graph = str(exported.graph)
+    assert "fusedops.nms.default" in graph and "fusedops.soft_nms.default" in graph
+    for a, b in zip(exported.module()(boxes, scores), Post()(boxes, scores)):
+        assert torch.equal(a, b)
+
+
+def test_static_ops_lower_into_one_xla_program():
+    pytest.importorskip("jax")
+    from fusedops.xla import partial_trace
+
+    boxes, scores = random_boxes(40, "heavy", device="cpu")
+    idxs = torch.randint(0, 3, (40,))
+
+    def post(boxes, scores, idxs):
+        keep, count = torch.ops.fusedops.nms(boxes, scores, idxs, 0.5, 1, None)
+        inds, picked, n = torch.ops.fusedops.soft_nms(boxes, scores, None, 0.3, 0.5, 0.01, 1, 0)
+        return keep, count, inds, picked, n
+
+    traced = partial_trace(post, fullgraph=True)
+    for a, b in zip(traced(boxes, scores, idxs), post(boxes, scores, idxs)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert traced.stats.regions == 1 and traced.stats.programs == 1
+
+
+def test_info_lists_the_ops(capsys):
+    from fusedops.__main__ import info
+
+    assert info() == 0
+    rows = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert {"nms", "soft_nms"} <= rows
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: kernels on large inputs, torchvision parity.
+
+
+def _quantised_boxes(n, seed):
+    """Boxes on a 1/8 grid with sides <= 64: every IoU operation but the division is exact,
+    so any correct implementation (with or without fused multiply-adds) agrees exactly."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.randint(0, 4096, (n, 2), generator=g) / 8
+    wh = torch.randint(1, 512, (n, 2), generator=g) / 8
+    scores = torch.randperm(n, generator=g) / n  # distinct: no order left to tie-breaking
+    return torch.cat((xy, xy + wh), 1).cuda(), scores.cuda()
+
+
+@pytest.mark.gpu
+def test_cuda_equals_torchvision_on_10k_boxes():
+    torchvision = pytest.importorskip("torchvision")
+    boxes, scores = _quantised_boxes(10_000, 0)
+    for thr in (0.3, 0.5, 0.7):
+        expected = torchvision.ops.nms(boxes, scores, thr)
+        for backend in KERNELS:
+            assert torch.equal(fusedops.nms(boxes, scores, thr, backend=backend), expected)
+    for classes in (1, 80):
+        idxs = torch.randint(0, classes, (10_000,), device="cuda")
+        expected = torchvision.ops.batched_nms(boxes, scores, idxs, 0.5)
+        for backend in KERNELS:
+            keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+            assert torch.equal(keep, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [5000, 20000])
+def test_cuda_kernels_equal_reference_on_large_inputs(n):
+    boxes, scores = random_boxes(n, "heavy", device="cuda", seed=n)
+    idxs = torch.randint(0, 80, (n,), device="cuda")
+    expected = fusedops.nms(boxes.cpu(), scores.cpu(), 0.5, backend="reference")
+    expected_b = fusedops.batched_nms(boxes.cpu(), scores.cpu(), idxs.cpu(), 0.5)
+    for backend in KERNELS:
+        assert torch.equal(fusedops.nms(boxes, scores, 0.5, backend=backend).cpu(), expected)
+        keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+        assert torch.equal(keep.cpu(), expected_b)
+    fusedops.nms(boxes, scores, 0.5)
+    assert fusedops.dispatch.last_used["nms"] == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [3000, 12000])
+@pytest.mark.parametrize("method", METHODS)
+def test_cuda_soft_nms_equals_reference(n, method):
+    """12000 boxes in one class exceed a block's shared memory (the workspace path); 3000
+    boxes with many dropped exercise the compaction. The reference runs on the GPU too.
+    gaussian weights go through exp, whose last bit differs between implementations: there
+    the picks are compared as a set with their scores, elsewhere in order."""
+    boxes, scores = random_boxes(n, "heavy", device="cuda", seed=n)
+    idxs = torch.randint(0, 80, (n,), device="cuda")
+    for run, args in (
+        (fusedops.soft_nms, (boxes, scores)),
+        (fusedops.batched_soft_nms, (boxes, scores, idxs)),
+    ):
+        want_dets, want = run(*args, 0.3, 0.5, 0.01, method, backend="reference")
+        for backend in KERNELS:
+            dets, inds = run(*args, 0.3, 0.5, 0.01, method, backend=backend)
+            if method == "gaussian":
+                got_order, want_order = torch.argsort(inds), torch.argsort(want)
+                assert torch.equal(inds[got_order], want[want_order])
+                dets, want_dets = dets[got_order], want_dets[want_order]
+            else:
+                assert torch.equal(inds, want)
+            torch.testing.assert_close(dets, want_dets, atol=1e-5, rtol=1e-5)
+
+
+_COMPILE_TRITON_KERNELS = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fusedops.kernels.triton import nms as kernels
+
+types = dict.fromkeys(("n", "col_blocks"), "i32")
+types.update(dict.fromkeys(("iou_threshold", "offset", "sigma", "min_score"), "fp32"))
+types.update(dict.fromkeys(("scores_ptr", "work_ptr", "picked_ptr"), "*fp32"))
+cases = [
+    (kernels._mask_kernel, "*bf16", {"BATCHED": True}),
+    (kernels._walk_kernel, None, {"BATCHED": True, "COLUMNS": 128}),
+    (kernels._soft_nms_kernel, "*fp16", {"METHOD": 2, "BLOCK": 1024}),
+]
+for arch in (80, 90):
+    for kernel, boxes, constants in cases:
+        signature = {
+            name: "constexpr" if name in constants
+            else boxes if name == "boxes_ptr"
+            else types.get(name, "*i64")
+            for name in kernel.arg_names
+        }
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+        target = GPUTarget("cuda", arch, 32)
+        compiled = triton.compile(source, target=target, options={"enable_fp_fusion": False})
+        assert "cubin" in compiled.asm
+print("compiled")
+"""
+
+
+def test_triton_kernels_compile_for_sm80_and_sm90():
+    """The interpreter does not type-check like the compiler does: compile every kernel to a
+    cubin for sm_80 and sm_90 (Triton's own ptxas; no GPU needed) in a fresh interpreter."""
+    pytest.importorskip("triton")
+    done = run_python("-c", _COMPILE_TRITON_KERNELS, cwd=REPO, env={"TRITON_INTERPRET": "0"})
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

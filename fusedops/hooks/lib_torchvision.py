@@ -10,10 +10,15 @@ Never imports torch or torchvision.
 
 from __future__ import annotations
 
-import importlib.util
-import warnings
-
-from fusedops.hooks.machinery import Hook, Target, disable, enable, register_hook, resolve
+from fusedops.hooks.machinery import (
+    Hook,
+    Target,
+    disable,
+    enable,
+    installed,
+    register_hook,
+    resolve,
+)
 
 #: (module, attribute, replacement) patched by the "nms" hook in torchvision.
 TORCHVISION_NMS = tuple(
@@ -28,27 +33,25 @@ def _replacement(fused: str):
 
 
 def _torchvision_targets(**_) -> list[Target]:
+    if not installed("torchvision"):
+        return []
     return [Target(module, attr, _replacement(fused)) for module, attr, fused in TORCHVISION_NMS]
 
 
-register_hook(Hook("nms", targets=_torchvision_targets))
-
-
-def installed(package: str) -> bool:
-    """Whether ``package`` can be found on sys.path (without importing it)."""
-    return importlib.util.find_spec(package) is not None
+register_hook(
+    Hook(
+        "nms",
+        targets=_torchvision_targets,
+        nothing_hint="neither torchvision nor mmcv is installed",
+    )
+)
 
 
 def enable_fused_nms() -> None:
     """Replace torchvision's ``nms`` / ``batched_nms`` (``torchvision.ops`` and
     ``torchvision.ops.boxes``) and mmcv's ``nms`` / ``soft_nms`` / ``batched_nms``
-    (``mmcv.ops`` and ``mmcv.ops.nms``) by fusedops' versions, now or when they are imported."""
-    if not any(installed(name) for name in ("torchvision", "mmcv")):
-        warnings.warn(
-            "enable_fused_nms(): neither torchvision nor mmcv is installed, so nothing is "
-            "patched unless one is imported later",
-            stacklevel=2,
-        )
+    (``mmcv.ops`` and ``mmcv.ops.nms``) by fusedops' versions, now or when they are imported
+    (only the installed libraries; with neither, the hook warns that it has nothing to patch)."""
     enable("nms")
 
 

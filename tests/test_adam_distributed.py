@@ -4,6 +4,7 @@ same wrapping. Uneven shards: FSDP2 splits the 5-row layer 3 + 2."""
 
 import os
 import socket
+import sys
 
 import pytest
 import torch
@@ -82,11 +83,17 @@ def _worker(rank: int, port: int, backends: list[str]) -> None:
         for backend in backends:
             for wrapping, kind in (("ddp", "adam"), ("fsdp", "adamw")):
                 _compare(rank, wrapping, kind, backend)
-        # both ranks done before either tears gloo down (one full-suite run saw rank 0 abort with
-        # "terminate called without an active exception"; not reproduced in 50 runs since)
-        dist.barrier()
+        dist.barrier()  # both ranks done before either tears gloo down
     finally:
         dist.destroy_process_group()
+    # Every check passed. About 1 run in 40 on a 2-core machine, a rank then aborted at
+    # interpreter shutdown, after its atexit handlers ("terminate called without an active
+    # exception": a C++ thread destroyed while joinable, in some library's static teardown;
+    # seen with prints after destroy_process_group and in atexit). Skip that teardown: a
+    # failure above still raises before this line and reaches mp.spawn.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")

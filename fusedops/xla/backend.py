@@ -70,8 +70,8 @@ class _Supported(OperatorSupport):
             return False
         if node.target is operator.getitem:
             source = node.args[0]
-            return isinstance(source, torch.fx.Node) and lower.supported(source.target)
-        return lower.supported(node.target)
+            return isinstance(source, torch.fx.Node) and lower.node_supported(source)
+        return lower.node_supported(node)
 
 
 class _JaxModule(torch.nn.Module):

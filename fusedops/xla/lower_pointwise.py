@@ -286,3 +286,40 @@ register(aten.hardswish_backward.default)(_vjp_unary(_UNARY[aten.hardswish.defau
 @register(aten.leaky_relu_backward.default)
 def _leaky_relu_backward(grad, x, negative_slope, self_is_result):
     return jnp.where(x > 0, grad, grad * negative_slope)
+
+
+# --------------------------------------------------------------------------- foreach (lists) ops
+def _foreach(fn):
+    """The lowering of ``_foreach_<op>``: ``fn`` on each element of the first list, with each
+    other list argument's element at the same position (scalars and single tensors as they
+    are)."""
+
+    def lowering(tensors, *args, **kwargs):
+        def at(value, i):
+            return value[i] if isinstance(value, (list, tuple)) else value
+
+        return [
+            fn(t, *[at(a, i) for a in args], **{k: at(v, i) for k, v in kwargs.items()})
+            for i, t in enumerate(tensors)
+        ]
+
+    return lowering
+
+
+_FOREACH = {
+    "add": (_add, ("Scalar", "List", "ScalarList", "Tensor")),
+    "sub": (_sub, ("Scalar", "List", "ScalarList")),
+    "mul": (_mul, ("Scalar", "List", "ScalarList", "Tensor")),
+    "div": (_div, ("Scalar", "List", "ScalarList", "Tensor")),
+    "maximum": (jnp.maximum, ("Scalar", "List", "ScalarList")),
+    "minimum": (jnp.minimum, ("Scalar", "List", "ScalarList")),
+    "pow": (jnp.power, ("Scalar", "List", "ScalarList")),
+    "addcmul": (_addcmul, ("Scalar", "ScalarList", "Tensor")),
+    "addcdiv": (_addcdiv, ("Scalar", "ScalarList", "Tensor")),
+    "lerp": (_lerp, ("Scalar", "List", "ScalarList")),
+    **{name: (_UNARY[getattr(aten, name).default], ("default",)) for name in
+       ("sqrt", "neg", "exp", "abs", "reciprocal", "sign")},
+}  # fmt: skip
+for _name, (_fn, _overloads) in _FOREACH.items():
+    for _overload in _overloads:
+        register(getattr(getattr(aten, f"_foreach_{_name}"), _overload))(_foreach(_fn))

@@ -104,6 +104,9 @@ class JaxProgram:
                 if node.target is operator.getitem:
                     env[node] = a[0][a[1]]
                     continue
+                if node.target in lower.FUNCTIONALIZED:
+                    env[node] = lower.call_functionalized(node.target, a, kw)
+                    continue
                 fn = lower.LOWERINGS[node.target]
                 if node.target in lower.NEEDS_META:
                     kw = {**kw, "meta": node.meta["val"]}
@@ -178,7 +181,7 @@ class JaxProgram:
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[str]:
     """Names of the ATen ops in ``gm`` with no lowering (sorted, unique)."""
     return lower.op_names(
-        n.target
+        lower.node_target(n)
         for n in gm.graph.nodes
-        if n.op == "call_function" and not lower.supported(n.target)
+        if n.op == "call_function" and not lower.node_supported(n)
     )

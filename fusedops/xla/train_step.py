@@ -125,7 +125,7 @@ class XlaTrainStep:
                         continue
                     stateless = name == "SGD" and group["momentum"] == 0  # torch keeps none
                     state = {} if stateless else opt.state[p]
-                    optim_math.init_state(name, group, p, state)
+                    optim_math.init_state(name, group, p, state, opt)
                     slots.append((oi, gi, index[id(p)], optim_math.state_names(name, group, state)))
         grad_inputs = [i for i, p in enumerate(params) if p.grad is not None]
         sig = _Signature(params, buffers, buffer_names, slots, groups, module_params, grad_inputs)

@@ -8,9 +8,9 @@ write their arguments in place (fusedops' ``adam_step``) are marked ``mutates``:
 takes the op's arguments and returns ``{argument name: new value}`` for what it writes, and runs
 for the ``auto_functionalized`` nodes functionalization turns their calls into
 (:func:`call_functionalized`). Backward ops are ``jax.vjp`` of the forward lowering wherever that
-is exact. The lowerings live in
-``lower_pointwise``, ``lower_reduce``, ``lower_shape`` and ``lower_nn``; this module holds the
-registry and loads them.
+is exact. The lowerings live in ``lower_pointwise``, ``lower_reduce``, ``lower_shape``,
+``lower_nn`` and ``lower_pool``, fusedops' own ops' in ``fusedops/kernels/xla/<op>.py``; this
+module holds the registry and loads them.
 
 Importing this module imports jax; ``fusedops.xla`` imports it lazily.
 """
@@ -50,6 +50,7 @@ _DTYPES = {
     torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64,
     torch.complex128: jnp.complex128,
+    torch.complex32: jnp.complex64,  # JAX has none: computed in complex64, returned as complex32
 }
 
 
@@ -142,11 +143,20 @@ def call_functionalized(target, args, kwargs):
 
 
 def _dims(dim, ndim: int) -> tuple[int, ...]:
+    """A reduction's axes: ``dim`` None or empty means all; a 0-dim tensor has none (torch
+    takes dim 0 / -1 there and reduces nothing)."""
+    if ndim == 0:
+        return ()
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = [dim]
-    return tuple(d % max(ndim, 1) for d in dim)
+    return tuple(d % ndim for d in dim)
+
+
+def _axis(dim: int, ndim: int) -> int | None:
+    """One axis ``dim`` normalised, or None for a 0-dim tensor (torch's dim 0 / -1 there)."""
+    return None if ndim == 0 else dim % ndim
 
 
 def upcast(x):
@@ -167,7 +177,13 @@ def op_names(ops: Sequence[object]) -> list[str]:
 
 
 # The table itself: each module registers its ops on import.
-from fusedops.xla import lower_nn, lower_pointwise, lower_reduce, lower_shape  # noqa: E402, F401
+from fusedops.xla import (  # noqa: E402, F401
+    lower_nn,
+    lower_pointwise,
+    lower_pool,
+    lower_reduce,
+    lower_shape,
+)
 
 
 def _load_fusedops_lowerings() -> None:

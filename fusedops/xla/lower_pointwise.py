@@ -323,3 +323,40 @@ _FOREACH = {
 for _name, (_fn, _overloads) in _FOREACH.items():
     for _overload in _overloads:
         register(getattr(getattr(aten, f"_foreach_{_name}"), _overload))(_foreach(_fn))
+
+
+# ------------------------------------------------------------------------------- complex numbers
+@register(aten.view_as_complex.default)
+def _view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@register(aten.view_as_real.default)
+def _view_as_real(z):
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)
+
+
+@register(aten.complex.default)
+def _complex(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return lax.complex(real, imag)
+
+
+@register(aten.polar.default)
+def _polar(magnitude, angle):
+    return _complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+register(aten._conj.default, aten.conj_physical.default)(jnp.conj)
+
+
+@register(aten.round.decimals)
+def _round_decimals(x, *, decimals):
+    """torch.round(x, decimals=d): half to even at the d-th decimal, the power of ten in x's
+    dtype as ATen computes it."""
+    if decimals == 0:
+        return jnp.round(x)
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
+    if decimals > 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / scale) * scale

@@ -11,6 +11,7 @@ from jax import lax
 
 from fusedops.xla.lower import (
     _HIGHEST,
+    _axis,
     _dims,
     register,
 )
@@ -47,7 +48,12 @@ def _prod_all(x, dtype=None):
 
 @register(aten.prod.dim_int)
 def _prod(x, dim, keepdim=False, dtype=None):
-    return jnp.prod(x, axis=dim, keepdims=keepdim)
+    return jnp.prod(x, axis=_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@register(aten.nansum.default)
+def _nansum(x, dim=None, keepdim=False, *, dtype=None):
+    return jnp.nansum(x, axis=_dims(dim, x.ndim), keepdims=keepdim)
 
 
 @register(aten.amax.default)
@@ -70,28 +76,37 @@ def _min_all(x):
     return jnp.min(x)
 
 
+def _arg_reduce(find, x, dim, keepdim):
+    """``find`` (jnp.argmax / argmin) along ``dim`` (None: over the flattened x); 0 for a 0-dim
+    x, as torch."""
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int64)
+    if dim is None:
+        index = find(x.reshape(-1))
+        return index.reshape((1,) * x.ndim) if keepdim else index
+    return find(x, axis=_axis(dim, x.ndim), keepdims=keepdim)
+
+
 @register(aten.max.dim)
 def _max_dim(x, dim, keepdim=False):
-    return jnp.max(x, axis=dim, keepdims=keepdim), jnp.argmax(x, axis=dim, keepdims=keepdim)
+    values = jnp.max(x, axis=_dims(dim, x.ndim), keepdims=keepdim)
+    return values, _arg_reduce(jnp.argmax, x, dim, keepdim)
 
 
 @register(aten.min.dim)
 def _min_dim(x, dim, keepdim=False):
-    return jnp.min(x, axis=dim, keepdims=keepdim), jnp.argmin(x, axis=dim, keepdims=keepdim)
+    values = jnp.min(x, axis=_dims(dim, x.ndim), keepdims=keepdim)
+    return values, _arg_reduce(jnp.argmin, x, dim, keepdim)
 
 
 @register(aten.argmax.default)
 def _argmax(x, dim=None, keepdim=False):
-    if dim is None:
-        return jnp.argmax(x.reshape(-1))
-    return jnp.argmax(x, axis=dim, keepdims=keepdim)
+    return _arg_reduce(jnp.argmax, x, dim, keepdim)
 
 
 @register(aten.argmin.default)
 def _argmin(x, dim=None, keepdim=False):
-    if dim is None:
-        return jnp.argmin(x.reshape(-1))
-    return jnp.argmin(x, axis=dim, keepdims=keepdim)
+    return _arg_reduce(jnp.argmin, x, dim, keepdim)
 
 
 @register(aten.var.correction)
@@ -138,34 +153,51 @@ def _logsumexp(x, dim, keepdim=False):
 
 @register(aten.cumsum.default)
 def _cumsum(x, dim, dtype=None):
-    return jnp.cumsum(x, axis=dim)
+    return x if x.ndim == 0 else jnp.cumsum(x, axis=_axis(dim, x.ndim))
 
 
 @register(aten.cumprod.default)
 def _cumprod(x, dim, dtype=None):
-    return jnp.cumprod(x, axis=dim)
+    return x if x.ndim == 0 else jnp.cumprod(x, axis=_axis(dim, x.ndim))
 
 
 @register(aten.linalg_vector_norm.default)
 def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """torch.linalg.vector_norm: inf / -inf the largest / smallest |x|, 0 the count of nonzero
+    elements, else ``sum(|x|^ord)^(1/ord)``."""
+    if dtype is not None:
+        from fusedops.xla.lower import jax_dtype
+
+        x = x.astype(jax_dtype(dtype))
     axis = _dims(dim, x.ndim)
+    size = jnp.abs(x)
     if ord == math.inf:
-        return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdim)
+        return jnp.max(size, axis=axis, keepdims=keepdim)
+    if ord == -math.inf:
+        return jnp.min(size, axis=axis, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum(size != 0, axis=axis, keepdims=keepdim).astype(size.dtype)
+    if ord == 1:
+        return jnp.sum(size, axis=axis, keepdims=keepdim)
     if ord == 2:
-        return jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=keepdim))
-    return jnp.sum(jnp.abs(x) ** ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
+        return jnp.sqrt(jnp.sum(size * size, axis=axis, keepdims=keepdim))
+    return jnp.sum(size**ord, axis=axis, keepdims=keepdim) ** (1.0 / ord)
 
 
 @register(aten.sort.default, aten.sort.stable)
 def _sort(x, dim=-1, descending=False, *, stable=False):
     if isinstance(dim, bool):  # sort.stable(self, *, stable, dim, descending) positional quirk
         dim, descending = descending, False
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
     idx = jnp.argsort(x, axis=dim, stable=True, descending=descending)
     return jnp.take_along_axis(x, idx, axis=dim), idx
 
 
 @register(aten.topk.default)
 def _topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
     moved = jnp.moveaxis(x, dim, -1)
     values, idx = lax.top_k(moved if largest else -moved, k)
     values = values if largest else -values

@@ -171,6 +171,8 @@ class JaxProgram:
     def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:
         out = bridge.to_torch(array)
         meta = node.meta.get("val")
+        if isinstance(meta, torch.Tensor) and meta.dtype == torch.complex32:
+            out = out.to(torch.complex32)
         # a CPU scalar of a CUDA program (e.g. an optimizer's step count) goes back to the CPU
         cpu_meta = isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
         if cpu_meta and meta.dim() == 0 and not on_cpu:

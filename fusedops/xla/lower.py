@@ -9,8 +9,8 @@ takes the op's arguments and returns ``{argument name: new value}`` for what it 
 for the ``auto_functionalized`` nodes functionalization turns their calls into
 (:func:`call_functionalized`). Backward ops are ``jax.vjp`` of the forward lowering wherever that
 is exact. The lowerings live in ``lower_pointwise``, ``lower_reduce``, ``lower_shape``,
-``lower_nn`` and ``lower_pool``, fusedops' own ops' in ``fusedops/kernels/xla/<op>.py``; this
-module holds the registry and loads them.
+``lower_nn``, ``lower_pool`` and ``lower_linalg``; fusedops' own ops' in
+``fusedops/kernels/xla/<op>.py``. This module holds the registry and loads them.
 
 Importing this module imports jax; ``fusedops.xla`` imports it lazily.
 """
@@ -88,19 +88,31 @@ def supported(op) -> bool:
     return op in LOWERINGS or op is operator.getitem
 
 
+#: The higher-order op that threads an effect token through ops with side effects.
+WITH_EFFECTS = torch.ops.higher_order.with_effects
+
+#: Side-effect-only ops a program leaves out: ATen's error checks of linalg results (XLA has no
+#: error channel; a singular matrix gives inf/nan, as ATen's ``*_ex`` ops without checks).
+SKIPPED_EFFECTS = {torch.ops.aten._linalg_check_errors.default}
+
+
 def node_target(node):
-    """The op an FX node runs: the wrapped op of an ``auto_functionalized`` node, else its
-    target."""
+    """The op an FX node runs: the wrapped op of an ``auto_functionalized`` or
+    ``with_effects`` node, else its target."""
     if node.target in FUNCTIONALIZED and node.args:
         return node.args[0]
+    if node.target is WITH_EFFECTS and len(node.args) > 1:
+        return node.args[1]
     return node.target
 
 
 def node_supported(node) -> bool:
     """Whether the FX ``call_function`` node has a lowering (a functionalized in-place op
-    needs one marked ``mutates``)."""
+    needs one marked ``mutates``; an effectful op must be one a program may skip)."""
     if node.target in FUNCTIONALIZED:
         return node_target(node) in MUTATES
+    if node.target is WITH_EFFECTS:
+        return node_target(node) in SKIPPED_EFFECTS
     return supported(node.target)
 
 
@@ -178,6 +190,7 @@ def op_names(ops: Sequence[object]) -> list[str]:
 
 # The table itself: each module registers its ops on import.
 from fusedops.xla import (  # noqa: E402, F401
+    lower_linalg,
     lower_nn,
     lower_pointwise,
     lower_pool,

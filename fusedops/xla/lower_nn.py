@@ -137,6 +137,15 @@ def _batch_norm_functional(x, weight, bias, running_mean, running_var, training,
     return y, mean, invstd, new_mean, new_var
 
 
+@register(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    """(y, mean, invstd, reserve (empty), new running mean, new running var)."""
+    y, mean, invstd, new_mean, new_var = _batch_norm_functional(
+        x, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    return y, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
 @register(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
 def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     outs = _batch_norm_functional(
@@ -178,6 +187,16 @@ def _batch_norm_backward(
     else:
         gx = grad * w * invstd.reshape(shape)
     return (gx if mask[0] else None), (gw if mask[1] else None), (gb if mask[2] else None)
+
+
+@register(aten.batch_norm_backward.default)
+def _batch_norm_backward_with_reserve(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, mask,
+    reserve,
+):  # fmt: skip
+    return _batch_norm_backward(
+        grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, mask
+    )
 
 
 @register(aten.native_layer_norm.default)

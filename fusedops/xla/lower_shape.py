@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -353,6 +355,7 @@ def _full(*args, meta, **kwargs):
     aten.new_empty.default,
     aten.new_empty_strided.default,
     aten.empty_permuted.default,
+    aten._efficientzerotensor.default,
     meta=True,
 )
 def _zeros(*args, meta, **kwargs):
@@ -523,3 +526,48 @@ def _searchsorted(sequence, values, *, out_int32=False, right=False, side=None, 
 def _bucketize(values, boundaries, *, out_int32=False, right=False):
     found = _sorted_search(boundaries, jnp.asarray(values), right, None)
     return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+# ------------------------------------------------------------------- put, index_reduce, masks
+@register(aten.put.default)
+def _put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
+    ref = flat.at[index]
+    source = source.reshape(-1).astype(x.dtype)
+    return (ref.add(source) if accumulate else ref.set(source)).reshape(x.shape)
+
+
+@register(aten.index_reduce.default)
+def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """index_reduce: scatter_reduce with ``index`` (1-D) along dim broadcast over source."""
+    if x.ndim == 0:
+        return _scatter_reduce(x, 0, index.reshape(()), source.reshape(()), reduce,
+                               include_self=include_self)  # fmt: skip
+    dim = _axis(dim, x.ndim)
+    shape = [1] * source.ndim
+    shape[dim] = index.shape[0]
+    full = jnp.broadcast_to(index.reshape(shape), source.shape)
+    return _scatter_reduce(x, dim, full, source, reduce, include_self=include_self)
+
+
+@register(aten.masked_scatter.default)
+def _masked_scatter(x, mask, source):
+    """x with its masked elements (row-major order) replaced by source's first elements."""
+    mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    position = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
+    values = source.reshape(-1)[position].astype(x.dtype)
+    return jnp.where(mask, values, x.reshape(-1)).reshape(x.shape)
+
+
+@register(aten.masked_scatter_backward.default, meta=True)
+def _masked_scatter_backward(grad, mask, sizes, *, meta):
+    """The source's gradient: the masked elements of grad in order, zeros after them."""
+    mask = jnp.broadcast_to(mask, grad.shape).reshape(-1)
+    size = math.prod(sizes)
+    position = jnp.where(mask, jnp.cumsum(mask) - 1, size)
+    out = jnp.zeros((size + 1,), grad.dtype).at[position].add(grad.reshape(-1))
+    return out[:size].reshape(tuple(sizes))
+
+
+register(aten.narrow_copy.default)(_narrow)

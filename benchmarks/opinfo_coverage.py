@@ -50,8 +50,9 @@ def _check_slice(task: tuple) -> list[dict]:
         signal.alarm(limit)
         try:
             result = opinfo.check(info, samples)
-        except TimeoutError as error:
-            result = opinfo.Result(opinfo.opinfo_id(info), "error", detail=str(error))
+        except Exception as error:  # noqa: BLE001 - the sweep reports and goes on
+            detail = f"{type(error).__name__} in the sweep: {str(error)[:150]}"
+            result = opinfo.Result(opinfo.opinfo_id(info), "error", detail=detail)
         finally:
             signal.alarm(0)
         rows.append(

@@ -235,5 +235,10 @@ for _view_op, _copy_op in (
     (aten.split_with_sizes.default, aten.split_with_sizes_copy.default),
     (aten.unbind.int, aten.unbind_copy.int),
     (aten.as_strided.default, aten.as_strided_copy.default),
+    (aten.view_as_real.default, aten.view_as_real_copy.default),
+    (aten.view_as_complex.default, aten.view_as_complex_copy.default),
+    (aten._conj.default, aten._conj_copy.default),
+    (aten.diagonal.default, aten.diagonal_copy.default),
+    (aten.unfold.default, aten.unfold_copy.default),
 ):
     register(_copy_op, meta=_view_op in NEEDS_META)(LOWERINGS[_view_op])

@@ -180,7 +180,7 @@ def _mismatch(actual, expected, what: str, exact=None) -> str | None:
             return f"{what}[{i}]: {type(a).__name__}, eager a tensor"
         if a.shape != e.shape or a.dtype != e.dtype:
             return f"{what}[{i}]: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}"
-        a, e = a.detach(), e.detach()
+        a, e = _dense(a), _dense(e)
         if e.is_floating_point() or e.is_complex():
             why = _float_mismatch(a, e, x)
             if why:
@@ -188,6 +188,12 @@ def _mismatch(actual, expected, what: str, exact=None) -> str | None:
         elif not torch.equal(a, e):
             return f"{what}[{i}]: values differ"
     return None
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, as a strided tensor (sparse layouts densified)."""
+    t = t.detach()
+    return t if t.layout == torch.strided else t.to_dense()
 
 
 def _float_mismatch(a, e, x) -> str | None:
@@ -201,7 +207,7 @@ def _float_mismatch(a, e, x) -> str | None:
     if not bool(bad.any()):
         return None
     if isinstance(x, torch.Tensor) and x.shape == e.shape:
-        x = x.detach().to(wide)
+        x = _dense(x).to(wide)
         finite = torch.isfinite(x) & torch.isfinite(e) & torch.isfinite(a)
         if bool((finite | same).all()):
             eager_error = float((e - x).abs()[finite].max()) if finite.any() else 0.0

@@ -140,10 +140,18 @@ def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
 
     beta1, beta2 = group["betas"]
     new = {n: t.clone() for n, t in state.items()}
-    p = p.clone()
+    p, grad = p.clone(), grad.to(p.dtype)
+    if p.is_complex():  # as FusedAdam: real and imaginary parts are independent
+        real = {n: torch.view_as_real(t) if t.is_complex() else t for n, t in new.items()}
+        new_p, new_real = fused_adam_update(
+            torch.view_as_real(p), torch.view_as_real(grad), real, group, lr, decoupled
+        )
+        back = {n: torch.view_as_complex(t) if new[n].is_complex() else t
+                for n, t in new_real.items()}  # fmt: skip
+        return torch.view_as_complex(new_p), back
     amsgrad = group["amsgrad"]
     _adam_step_body(
-        [p], [grad.to(p.dtype)], [new["exp_avg"]], [new["exp_avg_sq"]],
+        [p], [grad], [new["exp_avg"]], [new["exp_avg_sq"]],
         [new["max_exp_avg_sq"]] if amsgrad else [],
         [new["master_param"]] if "master_param" in new else [], [new["step"]],
         0.0, lr.reshape(()).to(torch.float32), float(beta1), float(beta2), float(group["eps"]),

@@ -309,3 +309,38 @@ def test_fused_modules_give_one_program_per_direction():
     assert_close(out, expected, scale=4.0)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_close(p.grad, q.grad, scale=8.0, msg=name)
+
+
+def test_xla_trace_with_fused_adamw_on_complex_parameters():
+    """FusedAdamW updates a complex parameter's real and imaginary parts independently."""
+    from fusedops.optim import FusedAdamW
+
+    class Rotator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(5, dtype=torch.complex64))
+
+        def forward(self, z):
+            return (self.w * z).abs().sum()
+
+    model = Rotator()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = FusedAdamW(model.parameters(), lr=0.1), FusedAdamW(ref.parameters(), lr=0.1)
+
+    @xla_trace
+    def train_step(z, *, net, opt):
+        loss = net(z)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(2):
+        z = torch.randn(5, dtype=torch.complex64)
+        train_step(z, net=model, opt=opt)
+        ref(z).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    torch.testing.assert_close(model.w.detach(), ref.w.detach(), rtol=1e-5, atol=1e-6)
+    for key in ("exp_avg", "exp_avg_sq"):
+        torch.testing.assert_close(opt.state[model.w][key], ref_opt.state[ref.w][key])

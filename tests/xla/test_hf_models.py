@@ -27,16 +27,24 @@ T = transformers
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
+def _images(labels: bool = True):
+    """Inputs of an image model: two random 16x16 RGB images (and class labels of 3)."""
+
+    def inputs():
+        batch = {"pixel_values": torch.randn(2, 3, 16, 16)}
+        if labels:
+            batch["labels"] = torch.randint(0, 3, (2,))
+        return batch
+
+    return inputs
+
+
 def _vit(attn="sdpa"):
     config = T.ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         image_size=16, patch_size=8, num_labels=3, **NO_DROPOUT,
     )  # fmt: skip
-    model = T.ViTForImageClassification(config)
-    return model, lambda: {
-        "pixel_values": torch.randn(2, 3, 16, 16),
-        "labels": torch.tensor([0, 2]),
-    }
+    return T.ViTForImageClassification(config), _images()
 
 
 def _bert(attn="sdpa"):
@@ -79,11 +87,7 @@ def _swin(attn="sdpa"):
         num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         drop_path_rate=0.0,
     )  # fmt: skip
-    model = T.SwinForImageClassification(config)
-    return model, lambda: {
-        "pixel_values": torch.randn(2, 3, 16, 16),
-        "labels": torch.tensor([2, 1]),
-    }
+    return T.SwinForImageClassification(config), _images()
 
 
 def _clip(attn="sdpa"):
@@ -91,7 +95,7 @@ def _clip(attn="sdpa"):
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         image_size=16, patch_size=8, attention_dropout=0.0,
     )  # fmt: skip
-    return T.CLIPVisionModel(config), lambda: {"pixel_values": torch.randn(2, 3, 16, 16)}
+    return T.CLIPVisionModel(config), _images(labels=False)
 
 
 MODELS = {"vit": _vit, "bert": _bert, "gpt2": _gpt2, "swin": _swin, "clip": _clip}

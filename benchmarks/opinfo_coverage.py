@@ -5,9 +5,11 @@ Every OpInfo of ``torch.testing._internal.common_methods_invocations.op_db``: up
 ``fusedops.xla.opinfo.check`` (eager vs ``partial_trace(fn, fullgraph=True)``). Writes
 ``benchmarks/results/cpu-opinfo-coverage.csv`` (one row per OpInfo: status, samples run, missing
 ops, the first difference or error) and ``cpu-opinfo-coverage.md`` (totals and the table), and
-prints the totals. In scope: float32, capturable by aot_eager as one graph, not data-dependent.
+prints the totals. In scope: float32, capturable by aot_eager as one graph, deterministic, not
+data-dependent (``fusedops.xla.opinfo`` says how each is decided).
 
     nice python benchmarks/opinfo_coverage.py [--samples 3] [--only add,mul] [--jobs 2]
+    python benchmarks/opinfo_coverage.py --from-csv     # rewrite the .md from the .csv
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ def totals(rows: list[dict]) -> dict[str, int]:
     return out
 
 
-def write(rows: list[dict], samples: int, stem: str = "cpu-opinfo-coverage") -> dict[str, int]:
-    """The CSV and the Markdown table under benchmarks/results/; returns the totals."""
+def write(rows: list[dict], samples: int, stem: str = "cpu-opinfo-coverage", when=None):
+    """The CSV and the Markdown table under benchmarks/results/; returns the totals. ``when``:
+    the run's time (default now)."""
     import jax
     import torch
 
@@ -93,14 +96,15 @@ def write(rows: list[dict], samples: int, stem: str = "cpu-opinfo-coverage") -> 
         writer.writerows(rows)
     t = totals(rows)
     in_scope = max(t["in_scope"], 1)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = (when or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# fusedops.xla OpInfo coverage ({when}; torch {torch.__version__}, jax "
         f"{jax.__version__})",
         "",
         f"op_db OpInfos: {t['total']}; up to {samples} float32 samples each, forward and "
         "backward, eager vs partial_trace(fullgraph=True) on the CPU.",
-        f"In scope (float32, capturable by aot_eager, not data-dependent): {t['in_scope']}. "
+        "In scope (float32, capturable by aot_eager as one graph, deterministic, not "
+        f"data-dependent): {t['in_scope']}. "
         f"Pass: {t.get('pass', 0)} ({100 * t.get('pass', 0) / in_scope:.1f}%), missing "
         f"lowering: {t.get('missing', 0)}, error: {t.get('error', 0)}, wrong numbers: "
         f"{t.get('wrong', 0)}.",
@@ -129,9 +133,20 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (1)")
     parser.add_argument("--limit", type=int, default=300, help="seconds per OpInfo (300)")
     parser.add_argument("--stem", default="cpu-opinfo-coverage", help="result file names")
+    parser.add_argument(
+        "--from-csv", action="store_true", help="rewrite the .md from the existing .csv (no run)"
+    )
     args = parser.parse_args(argv)
     if args.samples < 1 or args.jobs < 1 or args.limit < 1:
         parser.error("--samples, --jobs and --limit must be at least 1")
+    if args.from_csv:
+        path = RESULTS / f"{args.stem}.csv"
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+        t = write(rows, args.samples, args.stem, when=stamp)
+        print(" ".join(f"{k}={v}" for k, v in t.items()))
+        return 0
     from fusedops.xla import opinfo
 
     db = opinfo.op_db()

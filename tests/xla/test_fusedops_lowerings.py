@@ -344,3 +344,69 @@ def test_xla_trace_with_fused_adamw_on_complex_parameters():
     torch.testing.assert_close(model.w.detach(), ref.w.detach(), rtol=1e-5, atol=1e-6)
     for key in ("exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(opt.state[model.w][key], ref_opt.state[ref.w][key])
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+def _no_tf32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+@pytest.mark.gpu
+def test_cuda_fused_modules_one_program_per_direction(monkeypatch):
+    """On CUDA tensors eager runs fusedops' CUDA/Triton kernels; the programs their lowerings."""
+    from fusedops import nn as fnn
+
+    _no_tf32(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 64), fnn.LayerNorm(64), fnn.QuickGELU(), fnn.RMSNorm(64),
+        torch.nn.Linear(64, 3),
+    ).cuda()  # fmt: skip
+    ref = copy.deepcopy(model)
+    traced = partial_trace(model, fullgraph=True)
+    x = R(4, 5, 8).cuda()
+    out = traced(x)
+    out.square().sum().backward()
+    expected = ref(x)
+    expected.square().sum().backward()
+    assert traced.stats.programs == 2 and out.device == x.device
+    assert_close(out, expected, scale=4.0)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, scale=8.0, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_cuda_xla_trace_with_fused_adamw(monkeypatch, dtype):
+    from fusedops.optim import FusedAdamW
+
+    _no_tf32(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 4).cuda().to(dtype)
+    ref = copy.deepcopy(model)
+    options = {"lr": 0.05, "weight_decay": 0.1, "master_weights": dtype == BF16}
+    opt, ref_opt = (
+        FusedAdamW(model.parameters(), **options),
+        FusedAdamW(ref.parameters(), **options),
+    )
+
+    @xla_trace
+    def train_step(x, *, net, opt):
+        loss = net(x).float().sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(3):
+        x = R(1, 6, dtype=dtype).cuda()
+        train_step(x, net=model, opt=opt)
+        ref(x).float().sum().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.device.type == "cuda"
+        _compare(p.detach(), q.detach(), name)
+        for key, value in ref_opt.state[q].items():
+            _compare(opt.state[p][key], value, f"{name} {key}")

@@ -191,3 +191,25 @@ def test_xla_trace_with_fused_adamw_matches_eager(name, fused):
         assert_close(p.detach(), q.detach(), scale=8.0, msg=n)
         state, want_state = opt.state[p], want_opt.state[q]
         assert_close(state["exp_avg_sq"], want_state["exp_avg_sq"], scale=8.0, msg=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["vit", "bert", "swin"])
+def test_cuda_partial_trace_one_program_per_direction(monkeypatch, name):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model, plain, inputs = _build(name)
+    model, plain = model.cuda(), plain.cuda()
+
+    @partial_trace(fullgraph=True)
+    def loss_fn(batch):
+        return _loss(model(**batch))
+
+    batch = {k: v.cuda() for k, v in inputs().items()}
+    loss = loss_fn(batch)
+    loss.backward()
+    expected = _loss(plain(**batch))
+    expected.backward()
+    assert loss_fn.stats.programs == 2 and not loss_fn.stats.eager_ops, loss_fn.stats
+    assert_close(loss, expected, scale=8.0, msg="loss")
+    _compare_grads(_grads(model), _grads(plain), scale=32.0)

@@ -227,6 +227,15 @@ def test_adam_step_lowering_matches_the_op(case):
 
 
 # ------------------------------------------------------------------- xla_trace with FusedAdam(W)
+def _sum_step(x, *, net, opt):
+    """A training step on the sum of the model's output (fp32); returns the loss."""
+    loss = net(x).float().sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 @pytest.mark.parametrize(
     ("cls", "dtype", "options"),
     [
@@ -247,13 +256,7 @@ def test_xla_trace_with_fused_adam_matches_eager(cls, dtype, options):
     opt = getattr(optim, cls)(model.parameters(), lr=0.05, **options)
     ref_opt = getattr(optim, cls)(ref.parameters(), lr=0.05, **options)
 
-    @xla_trace
-    def train_step(x, *, net, opt):
-        loss = net(x).float().sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    train_step = xla_trace(_sum_step)
 
     for _ in range(3):
         x = R(1, 6, dtype=dtype)
@@ -327,13 +330,7 @@ def test_xla_trace_with_fused_adamw_on_complex_parameters():
     ref = copy.deepcopy(model)
     opt, ref_opt = FusedAdamW(model.parameters(), lr=0.1), FusedAdamW(ref.parameters(), lr=0.1)
 
-    @xla_trace
-    def train_step(z, *, net, opt):
-        loss = net(z)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    train_step = xla_trace(_sum_step)
 
     for _ in range(2):
         z = torch.randn(5, dtype=torch.complex64)
@@ -391,13 +388,7 @@ def test_cuda_xla_trace_with_fused_adamw(monkeypatch, dtype):
         FusedAdamW(ref.parameters(), **options),
     )
 
-    @xla_trace
-    def train_step(x, *, net, opt):
-        loss = net(x).float().sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    train_step = xla_trace(_sum_step)
 
     for _ in range(3):
         x = R(1, 6, dtype=dtype).cuda()

@@ -70,8 +70,8 @@ class _Supported(OperatorSupport):
             return False
         if node.target is operator.getitem:
             source = node.args[0]
-            return isinstance(source, torch.fx.Node) and lower.supported(source.target)
-        return lower.supported(node.target)
+            return isinstance(source, torch.fx.Node) and lower.node_supported(source)
+        return lower.node_supported(node)
 
 
 class _JaxModule(torch.nn.Module):
@@ -100,13 +100,23 @@ def _count(stats: Stats, program: JaxProgram) -> JaxProgram:
 _DATA_DEPENDENT = ("nonzero", "_local_scalar_dense", "masked_select", "unique", "item")
 
 
+def _unbacked_shape(value) -> bool:
+    """Whether a node's value has a size only known at run time (an unbacked SymInt)."""
+    return isinstance(value, torch.Tensor) and not all(isinstance(s, int) for s in value.shape)
+
+
 def data_dependent_ops(gm: torch.fx.GraphModule) -> list[str]:
-    """Ops in ``gm`` whose output shape or value is only known at run time (e.g. nonzero)."""
+    """Ops in ``gm`` whose output shape or value is only known at run time (e.g. nonzero, or
+    indexing with a boolean mask)."""
     found = set()
     for n in gm.graph.nodes:
         if n.op == "call_function":
             name = getattr(n.target, "__name__", str(n.target))
-            if any(name.startswith(d) for d in _DATA_DEPENDENT) or "_assert_scalar" in name:
+            if (
+                any(name.startswith(d) for d in _DATA_DEPENDENT)
+                or "_assert_scalar" in name
+                or _unbacked_shape(n.meta.get("val"))
+            ):
                 found.add(str(n.target))
     return sorted(found)
 

@@ -118,6 +118,10 @@ def _bool_via_uint8(t: torch.Tensor):
 
 def _import(t: torch.Tensor):
     t = t.detach()
+    if t.is_conj() or t.is_neg():  # lazy conjugate / negative views: materialise them
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.complex32:  # JAX has no complex32: programs compute it in complex64
+        t = t.to(torch.complex64)
     if not t.is_contiguous():
         t = t.contiguous()
     if t.device.type != "cpu":

@@ -6,12 +6,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from fusedops.xla.lower import (
     _HIGHEST,
+    _dims,
     jax_dtype,
     register,
 )
@@ -91,135 +91,6 @@ def _convolution_backward(
     return (gx if mask[0] else None), (gw if mask[1] else None), gb
 
 
-# ---------------------------------------------------------------------------------------- pooling
-def _windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
-    """Stack every kernel offset's strided view of ``x`` (N, C, *spatial) on a new last axis."""
-    nd = len(kernel)
-    spatial = x.shape[-nd:]
-    out_sizes, pads = [], []
-    for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation):
-        span = d * (k - 1) + 1
-        out = (size + 2 * p - span + (s - 1 if ceil_mode else 0)) // s + 1
-        if ceil_mode and (out - 1) * s >= size + p:
-            out -= 1
-        out_sizes.append(out)
-        pads.append((p, max((out - 1) * s + span - size - p, p)))
-    cfg = [(0, 0, 0)] * (x.ndim - nd) + [(lo, hi, 0) for lo, hi in pads]
-    xp = lax.pad(x, jnp.asarray(pad_value, x.dtype), cfg)
-    views = []
-    for offsets in np.ndindex(*kernel):
-        starts = [o * d for o, d in zip(offsets, dilation)]
-        view = xp
-        for axis, (st, s, out) in enumerate(zip(starts, stride, out_sizes)):
-            ax = x.ndim - nd + axis
-            view = lax.slice_in_dim(view, st, st + (out - 1) * s + 1, s, axis=ax)
-        views.append(view)
-    return jnp.stack(views, axis=-1), out_sizes, pads
-
-
-def _pool_args(kernel, stride, padding, dilation, nd=2):
-    kernel = list(kernel) * (nd // len(kernel))
-    stride = list(stride or kernel) * (nd // len(stride or kernel))
-    padding = list(padding) * (nd // len(padding))
-    dilation = list(dilation) * (nd // len(dilation))
-    return kernel, stride, padding, dilation
-
-
-@register(aten.max_pool2d_with_indices.default)
-def _max_pool2d_with_indices(x, kernel, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
-    kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, dilation)
-    h, w = x.shape[-2:]
-    windows, _, _ = _windows(x, kernel, stride, padding, dilation, ceil_mode, -jnp.inf)
-    positions = jnp.arange(h * w, dtype=jnp.int64).reshape(h, w)
-    pos, _, _ = _windows(positions, kernel, stride, padding, dilation, ceil_mode, -1)
-    arg = jnp.argmax(windows, axis=-1)
-    values = jnp.max(windows, axis=-1)
-    idx = jnp.take_along_axis(jnp.broadcast_to(pos, windows.shape), arg[..., None], axis=-1)
-    return values, idx[..., 0]
-
-
-@register(aten.max_pool2d_with_indices_backward.default)
-def _max_pool2d_with_indices_backward(
-    grad, x, kernel, stride, padding, dilation, ceil_mode, indices
-):
-    lead, (h, w) = x.shape[:-2], x.shape[-2:]
-    flat_grad = grad.reshape(-1, grad.shape[-2] * grad.shape[-1])
-    flat_idx = indices.reshape(flat_grad.shape)
-    rows = jnp.arange(flat_grad.shape[0])[:, None]
-    out = jnp.zeros((flat_grad.shape[0], h * w), grad.dtype).at[rows, flat_idx].add(flat_grad)
-    return out.reshape(*lead, h, w)
-
-
-def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
-    kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, (1,), nd)
-    windows, _, pads = _windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
-    total = jnp.sum(windows, axis=-1)
-    if divisor_override:
-        return total / divisor_override
-    spatial = x.shape[-nd:]
-    inside = np.ones(spatial, np.float32)
-    if count_include_pad:  # padding counts, the extra ceil_mode overhang does not
-        inside = np.pad(inside, [(p, p) for p in padding], constant_values=1)
-        inside = np.pad(inside, [(0, hi - p) for (_, hi), p in zip(pads, padding)])
-        counts, _, _ = _windows(jnp.asarray(inside), kernel, stride, [0] * nd, dilation, False, 0)
-    else:
-        counts, _, _ = _windows(
-            jnp.asarray(inside), kernel, stride, padding, dilation, ceil_mode, 0
-        )
-    return total / jnp.sum(counts, axis=-1).astype(x.dtype)
-
-
-@register(aten.avg_pool2d.default)
-def _avg_pool2d(
-    x,
-    kernel,
-    stride=(),
-    padding=(0,),
-    ceil_mode=False,
-    count_include_pad=True,
-    divisor_override=None,
-):
-    return _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, 2)
-
-
-@register(aten.avg_pool2d_backward.default)
-def _avg_pool2d_backward(
-    grad, x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
-):
-    def forward(v):
-        return _avg_pool2d(
-            v, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
-        )
-
-    return jax.vjp(forward, x)[1](grad)[0]
-
-
-def _adaptive_avg_pool(x, output_size):
-    nd = len(output_size)
-    for axis, out in enumerate(output_size):
-        ax = x.ndim - nd + axis
-        size = x.shape[ax]
-        pieces = []
-        for i in range(out):
-            start, end = (i * size) // out, -(-((i + 1) * size) // out)
-            pieces.append(
-                jnp.mean(lax.slice_in_dim(x, start, end, axis=ax), axis=ax, keepdims=True)
-            )
-        x = jnp.concatenate(pieces, axis=ax)
-    return x
-
-
-@register(aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default)
-def _adaptive_avg_pool2d(x, output_size):
-    return _adaptive_avg_pool(x, list(output_size))
-
-
-@register(aten._adaptive_avg_pool2d_backward.default)
-def _adaptive_avg_pool2d_backward(grad, x):
-    size = grad.shape[-2:]
-    return jax.vjp(lambda v: _adaptive_avg_pool(v, list(size)), x)[1](grad)[0]
-
-
 # ---------------------------------------------------------------------------------- normalization
 def _bn_axes(x) -> tuple[int, ...]:
     return (0,) + tuple(range(2, x.ndim))
@@ -266,6 +137,15 @@ def _batch_norm_functional(x, weight, bias, running_mean, running_var, training,
     return y, mean, invstd, new_mean, new_var
 
 
+@register(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    """(y, mean, invstd, reserve (empty), new running mean, new running var)."""
+    y, mean, invstd, new_mean, new_var = _batch_norm_functional(
+        x, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    return y, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
 @register(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
 def _native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     outs = _batch_norm_functional(
@@ -307,6 +187,16 @@ def _batch_norm_backward(
     else:
         gx = grad * w * invstd.reshape(shape)
     return (gx if mask[0] else None), (gw if mask[1] else None), (gb if mask[2] else None)
+
+
+@register(aten.batch_norm_backward.default)
+def _batch_norm_backward_with_reserve(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, mask,
+    reserve,
+):  # fmt: skip
+    return _batch_norm_backward(
+        grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, mask
+    )
 
 
 @register(aten.native_layer_norm.default)
@@ -379,22 +269,22 @@ def _native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, m
 # -------------------------------------------------------------------------- softmax, losses, embed
 @register(aten._softmax.default)
 def _softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(x, axis=dim)
+    return jax.nn.softmax(x, axis=_dims(dim, x.ndim))
 
 
 @register(aten._log_softmax.default)
 def _log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(x, axis=dim)
+    return jax.nn.log_softmax(x, axis=_dims(dim, x.ndim))
 
 
 @register(aten._softmax_backward_data.default)
 def _softmax_backward_data(grad, out, dim, input_dtype):
-    return out * (grad - jnp.sum(grad * out, axis=dim, keepdims=True))
+    return out * (grad - jnp.sum(grad * out, axis=_dims(dim, out.ndim), keepdims=True))
 
 
 @register(aten._log_softmax_backward_data.default)
 def _log_softmax_backward_data(grad, out, dim, input_dtype):
-    return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
+    return grad - jnp.exp(out) * jnp.sum(grad, axis=_dims(dim, out.ndim), keepdims=True)
 
 
 def _nll_parts(x, target, weight, ignore_index):
@@ -446,6 +336,104 @@ def _embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_gra
         flat_grad = flat_grad / counts[flat_idx][:, None]
     out = jnp.zeros((num_weights, flat_grad.shape[1]), grad.dtype)
     return out.at[flat_idx].add(flat_grad)
+
+
+def _bags(offsets, n: int, include_last_offset: bool):
+    """The bag of each of ``n`` indices (``offsets`` are the bags' starts) and the bag count."""
+    starts = offsets[:-1] if include_last_offset else offsets
+    return jnp.searchsorted(starts, jnp.arange(n), side="right") - 1, starts.shape[0]
+
+
+def _embedding_bag_parts(weight, indices, bag, bags, mode, per_sample_weights, padding_idx):
+    """(output (bags, D), count of kept indices per bag, rows of the maxima (mode max) or
+    None). Indices equal to ``padding_idx`` count for nothing; an empty bag gives zeros."""
+    n = indices.shape[0]
+    kept = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), jnp.bool_)
+    rows = jnp.take(weight, indices, axis=0)
+    count = jnp.zeros((bags,), jnp.int64).at[bag].add(kept.astype(jnp.int64))
+    if mode == 2:
+        masked = jnp.where(kept[:, None], rows, -jnp.inf)
+        best = jnp.full((bags, weight.shape[1]), -jnp.inf, weight.dtype).at[bag].max(masked)
+        first = jnp.where(kept[:, None] & (masked == best[bag]), jnp.arange(n)[:, None], n)
+        first = jnp.full(best.shape, n).at[bag].min(first)
+        filled = count[:, None] > 0
+        best = jnp.where(filled, best, jnp.zeros((), weight.dtype))
+        return best, count, jnp.where(filled, indices[jnp.minimum(first, n - 1)], 0)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    rows = jnp.where(kept[:, None], rows, jnp.zeros((), rows.dtype))
+    out = jnp.zeros((bags, weight.shape[1]), weight.dtype).at[bag].add(rows)
+    if mode == 1:
+        out = out / jnp.maximum(count, 1)[:, None].astype(out.dtype)
+    return out, count, None
+
+
+@register(aten._embedding_bag.default, aten._embedding_bag_forward_only.default, meta=True)
+def _embedding_bag(
+    weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+    per_sample_weights=None, include_last_offset=False, padding_idx=-1, *, meta,
+):  # fmt: skip
+    """(output, offset2bag, bag_size, max_indices) as ATen's CPU kernel returns them: offset2bag
+    empty where ATen leaves it so, bag_size zeros for mode sum, max_indices the maxima's rows
+    (mode max), bag_size (mean) or zeros (sum)."""
+    bag, bags = _bags(offsets, indices.shape[0], include_last_offset)
+    out, count, maxima = _embedding_bag_parts(
+        weight, indices, bag, bags, mode, per_sample_weights, padding_idx
+    )
+    offset2bag = bag if meta[1].shape[0] == indices.shape[0] else jnp.zeros((0,), jnp.int64)
+    bag_size = jnp.zeros_like(count) if mode == 0 else count
+    max_indices = maxima if mode == 2 else bag_size
+    return out, offset2bag, bag_size, jnp.broadcast_to(max_indices, tuple(meta[3].shape))
+
+
+@register(aten._embedding_bag_backward.default)
+def _embedding_bag_backward(
+    grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+    scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1,
+):  # fmt: skip
+    include_last = offsets.shape[0] == grad.shape[0] + 1
+    bag, _ = _bags(offsets, indices.shape[0], include_last)
+    return _embedding_bag_dense_backward(
+        grad, indices, bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+        per_sample_weights, padding_idx,
+    )  # fmt: skip
+
+
+@register(aten._embedding_bag_dense_backward.default)
+def _embedding_bag_dense_backward(
+    grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
+    mode, per_sample_weights, padding_idx=-1,
+):  # fmt: skip
+    """The weight's gradient: each bag's gradient to the rows it read (scaled by the sample
+    weights, 1 / bag size for mode mean, 1 / the row's count with scale_grad_by_freq), or to
+    the rows of its maxima (mode max)."""
+    out = jnp.zeros((num_weights, grad.shape[1]), grad.dtype)
+    if mode == 2:
+        cols = jnp.broadcast_to(jnp.arange(grad.shape[1]), grad.shape)
+        filled = (bag_size > 0)[:, None]
+        return out.at[maximum_indices, cols].add(jnp.where(filled, grad, 0))
+    kept = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, jnp.bool_)
+    rows = grad[offset2bag]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    if mode == 1:
+        rows = rows / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(rows.dtype)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), grad.dtype).at[indices].add(1)
+        rows = rows / counts[indices][:, None]
+    return out.at[indices].add(jnp.where(kept[:, None], rows, 0))
+
+
+@register(aten._embedding_bag_per_sample_weights_backward.default)
+def _embedding_bag_per_sample_weights_backward(
+    grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
+):
+    """d(per_sample_weights): each index's row dotted with its bag's gradient (mode sum)."""
+    include_last = offsets.shape[0] == grad.shape[0] + 1
+    bag, _ = _bags(offsets, indices.shape[0], include_last)
+    rows = jnp.take(weight, indices, axis=0)
+    out = jnp.sum(rows * grad[bag], axis=1)
+    return jnp.where(indices != padding_idx, out, 0) if padding_idx >= 0 else out
 
 
 # -------------------------------------------------------------------------------------- attention

@@ -286,3 +286,189 @@ register(aten.hardswish_backward.default)(_vjp_unary(_UNARY[aten.hardswish.defau
 @register(aten.leaky_relu_backward.default)
 def _leaky_relu_backward(grad, x, negative_slope, self_is_result):
     return jnp.where(x > 0, grad, grad * negative_slope)
+
+
+# --------------------------------------------------------------------------- foreach (lists) ops
+def _foreach(fn):
+    """The lowering of ``_foreach_<op>``: ``fn`` on each element of the first list, with each
+    other list argument's element at the same position (scalars and single tensors as they
+    are)."""
+
+    def lowering(tensors, *args, **kwargs):
+        def at(value, i):
+            return value[i] if isinstance(value, (list, tuple)) else value
+
+        return [
+            fn(t, *[at(a, i) for a in args], **{k: at(v, i) for k, v in kwargs.items()})
+            for i, t in enumerate(tensors)
+        ]
+
+    return lowering
+
+
+_FOREACH = {
+    "add": (_add, ("Scalar", "List", "ScalarList", "Tensor")),
+    "sub": (_sub, ("Scalar", "List", "ScalarList")),
+    "mul": (_mul, ("Scalar", "List", "ScalarList", "Tensor")),
+    "div": (_div, ("Scalar", "List", "ScalarList", "Tensor")),
+    "maximum": (jnp.maximum, ("Scalar", "List", "ScalarList")),
+    "minimum": (jnp.minimum, ("Scalar", "List", "ScalarList")),
+    "pow": (jnp.power, ("Scalar", "List", "ScalarList")),
+    "addcmul": (_addcmul, ("Scalar", "ScalarList", "Tensor")),
+    "addcdiv": (_addcdiv, ("Scalar", "ScalarList", "Tensor")),
+    "lerp": (_lerp, ("Scalar", "List", "ScalarList")),
+    **{name: (_UNARY[getattr(aten, name).default], ("default",)) for name in
+       ("sqrt", "neg", "exp", "abs", "reciprocal", "sign")},
+}  # fmt: skip
+for _name, (_fn, _overloads) in _FOREACH.items():
+    for _overload in _overloads:
+        register(getattr(getattr(aten, f"_foreach_{_name}"), _overload))(_foreach(_fn))
+
+
+# ------------------------------------------------------------------------------- complex numbers
+@register(aten.view_as_complex.default)
+def _view_as_complex(x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@register(aten.view_as_real.default)
+def _view_as_real(z):
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)
+
+
+@register(aten.complex.default)
+def _complex(real, imag):
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return lax.complex(real, imag)
+
+
+@register(aten.polar.default)
+def _polar(magnitude, angle):
+    return _complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
+
+
+register(aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)(jnp.conj)
+
+
+@register(aten.round.decimals)
+def _round_decimals(x, *, decimals):
+    """torch.round(x, decimals=d): half to even at the d-th decimal, the power of ten in x's
+    dtype as ATen computes it."""
+    if decimals == 0:
+        return jnp.round(x)
+    scale = jnp.asarray(10.0 ** abs(decimals), x.dtype)
+    if decimals > 0:
+        return jnp.round(x * scale) / scale
+    return jnp.round(x / scale) * scale
+
+
+def _trigamma(x):
+    """psi'(x), with the reflection psi'(x) + psi'(1 - x) = pi^2 / sin^2(pi x) below 1/2 (the
+    series behind jax's polygamma holds for x > 0 only)."""
+    small = x < 0.5
+    z = jnp.where(small, 1 - x, x)
+    value = jax.scipy.special.polygamma(1, z)
+    return jnp.where(small, (jnp.pi / jnp.sin(jnp.pi * x)) ** 2 - value, value)
+
+
+#: Euler-Maclaurin coefficients of the Hurwitz zeta tail: (2k)! / B_2k, k = 1..12
+_ZETA_TAIL = (
+    12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+    -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+    1.8152105401943546773e17, -7.1661652561756670113e18,
+)  # fmt: skip
+
+
+def _hurwitz_zeta(s: int, q):
+    """zeta(s, q) = sum_i (q + i)^-s for an integer s > 1 and any real q (a pole at q = 0, -1,
+    ...): terms summed directly until q + i > 9 (a data-dependent count: a while loop), then
+    the Euler-Maclaurin tail, as Cephes (and so ATen) computes it for negative q too."""
+    dtype = q.dtype
+    eps = jnp.finfo(dtype).eps
+
+    def cond(state):
+        i, a, _ = state
+        return jnp.any((i < 9) | (a <= 9.0))
+
+    def body(state):
+        i, a, total = state
+        active = (i < 9) | (a <= 9.0)
+        a_next = a + 1
+        return (i + active, jnp.where(active, a_next, a),
+                total + jnp.where(active, a_next ** (-s), 0))  # fmt: skip
+
+    i0 = jnp.zeros(q.shape, jnp.int32)
+    _, a, total = lax.while_loop(cond, body, (i0, q, q ** (-s)))
+    b = a ** (-s)
+    total = total + b * a / (s - 1) - 0.5 * b
+    factor, k, term_b = jnp.ones_like(q), 0.0, b
+    for coefficient in _ZETA_TAIL:
+        factor = factor * (s + k)
+        term_b = term_b / a
+        term = factor * term_b / coefficient
+        total = total + jnp.where(jnp.abs(term) >= eps * jnp.abs(total), term, 0)
+        k += 1
+        factor = factor * (s + k)
+        term_b = term_b / a
+        k += 1
+    poles = (q <= 0) & (q == jnp.floor(q))
+    return jnp.where(poles, jnp.inf, total).astype(dtype)
+
+
+@register(aten.polygamma.default)
+def _polygamma(n, x):
+    """psi^(n)(x): digamma, trigamma (with its reflection), else
+    (-1)^(n+1) n! zeta(n + 1, x), for negative x too."""
+    if n == 0:
+        return jax.scipy.special.digamma(x)
+    if n == 1:
+        return _trigamma(x)
+    sign = 1.0 if n % 2 else -1.0
+    return sign * math.factorial(n) * _hurwitz_zeta(n + 1, x)
+
+
+# --------------------------------------------------------------------------- special functions
+def _spherical_bessel_j0(x):
+    safe = jnp.where(x == 0, 1, x)
+    return jnp.where(x == 0, jnp.ones((), x.dtype), jnp.sin(safe) / safe)
+
+
+_SPECIAL = {
+    aten.i0.default: jax.scipy.special.i0,
+    aten.special_i0e.default: jax.scipy.special.i0e,
+    aten.special_i1.default: jax.scipy.special.i1,
+    aten.special_i1e.default: jax.scipy.special.i1e,
+    aten.special_modified_bessel_i0.default: jax.scipy.special.i0,
+    aten.special_modified_bessel_i1.default: jax.scipy.special.i1,
+    aten.special_ndtri.default: jax.scipy.special.ndtri,
+    aten.special_ndtr.default: jax.scipy.special.ndtr,
+    aten.special_log_ndtr.default: jax.scipy.special.log_ndtr,
+    aten.special_erfcx.default: jax.scipy.special.erfcx,
+    aten.special_entr.default: jax.scipy.special.entr,
+    aten.special_spherical_bessel_j0.default: _spherical_bessel_j0,
+    aten.signbit.default: jnp.signbit,
+    aten.angle.default: jnp.angle,
+}
+for _op, _fn in _SPECIAL.items():
+    register(_op)(_fn)
+
+_SPECIAL_BINARY = {
+    aten.special_zeta.default: jax.scipy.special.zeta,
+    aten.igamma.default: jax.scipy.special.gammainc,
+    aten.igammac.default: jax.scipy.special.gammaincc,
+    aten.nextafter.default: jnp.nextafter,
+    aten.special_xlog1py.default: jax.scipy.special.xlog1py,
+}
+for _op, _fn in _SPECIAL_BINARY.items():
+    register(_op)(_fn)
+
+
+@register(aten.ldexp.Tensor)
+def _ldexp(x, exponent):
+    return x * jnp.exp2(exponent.astype(jnp.result_type(x, jnp.float32)))
+
+
+@register(aten.frexp.Tensor)
+def _frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
 
+from fusedops.xla.errors import XLATraceError
 from fusedops.xla.lower import (
+    _axis,
     _dims,
+    _is_float,
     jax_dtype,
     register,
 )
@@ -53,7 +58,9 @@ def _expand(x, size, *, implicit=False):
 
 @register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
 def _squeeze(x, dim=None):
-    axes = _dims(dim, x.ndim) if x.ndim else ()
+    if isinstance(dim, (list, tuple)) and not dim:  # squeeze(t, ()) squeezes nothing
+        return x
+    axes = _dims(dim, x.ndim)
     return jnp.squeeze(x, axis=tuple(a for a in axes if x.shape[a] == 1))
 
 
@@ -174,14 +181,7 @@ def _constant_pad_nd(x, pad, value=0):
 
 @register(aten.as_strided.default, meta=True)
 def _as_strided(x, size, stride, storage_offset=None, *, meta):
-    flat = x.reshape(-1)
-    offset = storage_offset or 0
-    index = np.full(tuple(size), offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = n
-        index = index + (np.arange(n) * s).reshape(shape)
-    return flat[jnp.asarray(index)]
+    return x.reshape(-1)[jnp.asarray(_strided_index(size, stride, storage_offset))]
 
 
 # ------------------------------------------------------------------------------ indexing, scatter
@@ -191,9 +191,23 @@ def _grid(index, dim: int):
     return tuple(grids)
 
 
+def _along_dim(fn):
+    """Wrap a gather/scatter lowering ``fn(x, dim, index, *rest)`` so a 0-dim x (and index,
+    src) is handled as one element along dim 0, as torch does."""
+
+    def lowering(x, dim, index, *args, **kwargs):
+        if x.ndim > 0:
+            return fn(x, dim % x.ndim, index, *args, **kwargs)
+        one = lambda v: v.reshape(1) if hasattr(v, "ndim") and v.ndim == 0 else v  # noqa: E731
+        return fn(x.reshape(1), 0, index.reshape(1), *map(one, args), **kwargs).reshape(())
+
+    return lowering
+
+
 @register(aten.gather.default)
+@_along_dim
 def _gather(x, dim, index, *, sparse_grad=False):
-    return x[_grid(index, dim % x.ndim)]
+    return x[_grid(index, dim)]
 
 
 def _fit(src, index):
@@ -203,18 +217,21 @@ def _fit(src, index):
 
 
 @register(aten.scatter.src, aten.scatter.value)
+@_along_dim
 def _scatter(x, dim, index, src):
-    return x.at[_grid(index, dim % x.ndim)].set(_fit(src, index))
+    return x.at[_grid(index, dim)].set(_fit(src, index))
 
 
 @register(aten.scatter_add.default)
+@_along_dim
 def _scatter_add(x, dim, index, src):
-    return x.at[_grid(index, dim % x.ndim)].add(_fit(src, index))
+    return x.at[_grid(index, dim)].add(_fit(src, index))
 
 
 @register(aten.scatter_reduce.two)
+@_along_dim
 def _scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
-    grid, src = _grid(index, dim % x.ndim), _fit(src, index)
+    grid, src = _grid(index, dim), _fit(src, index)
     if reduce == "sum":
         base = x if include_self else x.at[grid].set(0)
         return base.at[grid].add(src)
@@ -225,6 +242,13 @@ def _scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce == "prod":
         base = x if include_self else x.at[grid].set(1)
         return base.at[grid].multiply(src)
+    if reduce == "mean":  # positions no index names keep x; integers round down, as torch
+        count = jnp.zeros(x.shape, jnp.int64).at[grid].add(1)
+        base = x if include_self else x.at[grid].set(0)
+        total = base.at[grid].add(src)
+        n = jnp.maximum(count + (1 if include_self else 0), 1).astype(x.dtype)
+        mean = total / n if _is_float(x) else jnp.floor_divide(total, n)
+        return jnp.where(count > 0, mean, x)
     raise NotImplementedError(f"scatter_reduce(reduce={reduce!r})")
 
 
@@ -239,21 +263,67 @@ def _index(x, indices):
 
 @register(aten.index_put.default)
 def _index_put(x, indices, values, accumulate=False):
-    ref = x.at[_index_tuple(indices)]
     values = values.astype(x.dtype)
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype == jnp.bool_:
+        return _masked_put(x, indices[0], values, accumulate)
+    ref = x.at[_index_tuple(indices)]
     return ref.add(values) if accumulate else ref.set(values)
+
+
+def _masked_put(x, mask, values, accumulate):
+    """``x[mask] = values`` (or ``+=``) for a boolean ``mask`` over x's leading dims, with
+    ``values`` broadcast over the selected elements: a static ``where``. (Values with one row
+    per selected element have a data-dependent shape.)"""
+    trailing = x.ndim - mask.ndim
+    if values.ndim > trailing:
+        lead = values.shape[: values.ndim - trailing]
+        if any(d != 1 for d in lead):
+            raise XLATraceError(
+                "index_put with a boolean mask and one value per selected element has a "
+                "data-dependent shape; use torch.where(mask, values, x)"
+            )
+        values = values.reshape(values.shape[values.ndim - trailing :])
+    mask = mask.reshape(mask.shape + (1,) * trailing)
+    if accumulate:
+        return x + jnp.where(mask, values, jnp.zeros((), x.dtype))
+    return jnp.where(mask, values, x)
 
 
 @register(aten.index_select.default)
 def _index_select(x, dim, index):
-    return jnp.take(x, index, axis=dim)
+    if x.ndim == 0:  # torch: index is [0] (or 0-dim), the result x itself
+        return x
+    return jnp.take(x, index.reshape(-1), axis=_axis(dim, x.ndim))
+
+
+def _along(x, dim, index):
+    """The ``.at[]`` index selecting ``index`` (1-D) along ``dim`` of x."""
+    idx = [slice(None)] * x.ndim
+    idx[_axis(dim, x.ndim)] = index.reshape(-1)
+    return tuple(idx)
 
 
 @register(aten.index_add.default)
 def _index_add(x, dim, index, source, *, alpha=1):
-    idx = [slice(None)] * x.ndim
-    idx[dim % x.ndim] = index
-    return x.at[tuple(idx)].add(source * alpha if alpha != 1 else source)
+    source = source * alpha if alpha != 1 else source
+    if x.ndim == 0:
+        return x + source.reshape(())
+    return x.at[_along(x, dim, index)].add(source.astype(x.dtype))
+
+
+@register(aten.index_copy.default)
+def _index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(()).astype(x.dtype)
+    return x.at[_along(x, dim, index)].set(source.astype(x.dtype))
+
+
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(x, dim, index, value):
+    value = jnp.asarray(value).astype(x.dtype)
+    if x.ndim == 0:
+        return value.reshape(())
+    return x.at[_along(x, dim, index)].set(value)
 
 
 # --------------------------------------------------------------------------- factories and casts
@@ -285,6 +355,7 @@ def _full(*args, meta, **kwargs):
     aten.new_empty.default,
     aten.new_empty_strided.default,
     aten.empty_permuted.default,
+    aten._efficientzerotensor.default,
     meta=True,
 )
 def _zeros(*args, meta, **kwargs):
@@ -368,3 +439,145 @@ def _randint_low(low, high, size, *, meta, key, **kwargs):
 @register(aten.randint.default, aten.randint.generator, meta=True, key=True)
 def _randint(high, size, *, meta, key, **kwargs):
     return _randint_low(0, high, size, meta=meta, key=key)
+
+
+# ----------------------------------------------------------- strided scatter, unfold, diagonals
+def _strided_index(size, stride, storage_offset) -> np.ndarray:
+    """Flat storage positions of ``as_strided(size, stride, storage_offset)``."""
+    index = np.full(tuple(size), storage_offset or 0, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        index = index + (np.arange(n) * s).reshape(shape)
+    return index
+
+
+@register(aten.as_strided_scatter.default)
+def _as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """x (contiguous) with the elements of ``x.as_strided(size, stride, offset)`` set to src."""
+    index = _strided_index(size, stride, storage_offset)
+    flat = x.reshape(-1).at[jnp.asarray(index.reshape(-1))].set(src.reshape(-1).astype(x.dtype))
+    return flat.reshape(x.shape)
+
+
+def _unfold_index(length: int, size: int, step: int) -> np.ndarray:
+    """(windows, size) positions along the unfolded dim."""
+    count = (length - size) // step + 1
+    return np.arange(count)[:, None] * step + np.arange(size)[None, :]
+
+
+@register(aten.unfold.default)
+def _unfold(x, dimension, size, step):
+    """``Tensor.unfold``: windows of ``size`` every ``step`` along ``dimension``, the window
+    elements as a new last dim."""
+    if x.ndim == 0:
+        return x.reshape(1)
+    dim = _axis(dimension, x.ndim)
+    index = _unfold_index(x.shape[dim], size, step)
+    windows = jnp.take(x, jnp.asarray(index), axis=dim)  # (..., count, size, ...)
+    return jnp.moveaxis(windows, dim + 1, -1)
+
+
+@register(aten.unfold_backward.default)
+def _unfold_backward(grad, input_sizes, dim, size, step):
+    zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
+    return jax.vjp(lambda v: _unfold(v, dim, size, step), zeros)[1](grad)[0]
+
+
+def _diagonal_index(shape, offset: int, dim1: int, dim2: int):
+    """(rows, cols) positions of the diagonal ``offset`` of dims ``dim1``, ``dim2``."""
+    rows, cols = shape[dim1], shape[dim2]
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    k = np.arange(length)
+    return k + max(-offset, 0), k + max(offset, 0)
+
+
+@register(aten.diagonal.default)
+def _diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, _axis(dim1, x.ndim), _axis(dim2, x.ndim))
+
+
+@register(aten.diagonal_scatter.default)
+def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = _axis(dim1, x.ndim), _axis(dim2, x.ndim)
+    rows, cols = _diagonal_index(x.shape, offset, dim1, dim2)
+    moved = jnp.moveaxis(x, (dim1, dim2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
+@register(aten.diagonal_backward.default)
+def _diagonal_backward(grad, input_sizes, offset, dim1, dim2):
+    return _diagonal_scatter(jnp.zeros(tuple(input_sizes), grad.dtype), grad, offset, dim1, dim2)
+
+
+# ------------------------------------------------------------------------------------ searching
+def _sorted_search(sequence, values, right: bool, sorter):
+    """Insertion positions of ``values`` in ``sequence`` (1-D, or batched over leading dims)."""
+    if sorter is not None:
+        sequence = jnp.take_along_axis(sequence, sorter, axis=-1)
+    side = "right" if right else "left"
+    if sequence.ndim == 1:
+        return jnp.searchsorted(sequence, values, side=side)
+    search = lambda s, v: jnp.searchsorted(s, v, side=side)  # noqa: E731
+    for _ in range(sequence.ndim - 1):
+        search = jax.vmap(search)
+    return search(sequence, values)
+
+
+@register(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def _searchsorted(sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    right = right or side == "right"
+    found = _sorted_search(sequence, jnp.asarray(values), right, sorter)
+    return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@register(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def _bucketize(values, boundaries, *, out_int32=False, right=False):
+    found = _sorted_search(boundaries, jnp.asarray(values), right, None)
+    return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+# ------------------------------------------------------------------- put, index_reduce, masks
+@register(aten.put.default)
+def _put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
+    ref = flat.at[index]
+    source = source.reshape(-1).astype(x.dtype)
+    return (ref.add(source) if accumulate else ref.set(source)).reshape(x.shape)
+
+
+@register(aten.index_reduce.default)
+def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """index_reduce: scatter_reduce with ``index`` (1-D) along dim broadcast over source."""
+    if x.ndim == 0:
+        return _scatter_reduce(x, 0, index.reshape(()), source.reshape(()), reduce,
+                               include_self=include_self)  # fmt: skip
+    dim = _axis(dim, x.ndim)
+    shape = [1] * source.ndim
+    shape[dim] = index.shape[0]
+    full = jnp.broadcast_to(index.reshape(shape), source.shape)
+    return _scatter_reduce(x, dim, full, source, reduce, include_self=include_self)
+
+
+@register(aten.masked_scatter.default)
+def _masked_scatter(x, mask, source):
+    """x with its masked elements (row-major order) replaced by source's first elements."""
+    mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    position = jnp.clip(jnp.cumsum(mask) - 1, 0, max(source.size - 1, 0))
+    values = source.reshape(-1)[position].astype(x.dtype)
+    return jnp.where(mask, values, x.reshape(-1)).reshape(x.shape)
+
+
+@register(aten.masked_scatter_backward.default, meta=True)
+def _masked_scatter_backward(grad, mask, sizes, *, meta):
+    """The source's gradient: the masked elements of grad in order, zeros after them."""
+    mask = jnp.broadcast_to(mask, grad.shape).reshape(-1)
+    size = math.prod(sizes)
+    position = jnp.where(mask, jnp.cumsum(mask) - 1, size)
+    out = jnp.zeros((size + 1,), grad.dtype).at[position].add(grad.reshape(-1))
+    return out[:size].reshape(tuple(sizes))
+
+
+register(aten.narrow_copy.default)(_narrow)

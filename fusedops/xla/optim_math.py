@@ -6,6 +6,13 @@ Each ``*_update`` takes a parameter, its gradient, its state (same names and lay
 returns ``(new_param, new_state)`` without writing anything in place. Python-float math in
 torch (bias corrections) is float64 here, and scalars are cast to the parameter's dtype where
 torch casts them, so results match ``torch.optim`` to rounding.
+
+fusedops' ``FusedAdam`` / ``FusedAdamW`` (kinds ``"FusedAdam"``, ``"FusedAdamW"``) keep their own
+state layout (float32 ``step``; with ``master_weights``, float32 moments and ``master_param``)
+and their update is the body of fusedops' ``adam_step`` op on its reference backend, run on
+copies of the traced tensors, so the traced step has exactly the optimizer's math (fp32 for
+16-bit params, master weights). (The op itself cannot be traced here: ``torch.func.functionalize``
+does not functionalize custom ops that write tensor lists.)
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import torch
 from fusedops.xla.errors import XLATraceError
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
+FUSED = ("FusedAdam", "FusedAdamW")
 
 #: hyperparameters that shape the compiled program (lr is an input and never recompiles)
 STATIC_KEYS = {
@@ -22,10 +30,28 @@ STATIC_KEYS = {
     "Adam": ("betas", "eps", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay"),
 }
 STATIC_KEYS["AdamW"] = STATIC_KEYS["Adam"]
+STATIC_KEYS["FusedAdam"] = STATIC_KEYS["FusedAdamW"] = (*STATIC_KEYS["Adam"], "master_weights")
+
+
+def _fused(optimizer: torch.optim.Optimizer) -> bool:
+    from fusedops.optim.adam import _FusedAdamMixin
+
+    return isinstance(optimizer, _FusedAdamMixin)
 
 
 def kind(optimizer: torch.optim.Optimizer) -> str:
-    """'SGD', 'Adam' or 'AdamW'; XLATraceError naming any other optimizer."""
+    """'SGD', 'Adam', 'AdamW', 'FusedAdam' or 'FusedAdamW'; XLATraceError naming any other
+    optimizer, and for a fused one that a ``torch.amp.GradScaler`` drives (xla_trace has no
+    loss scaling)."""
+    if _fused(optimizer):
+        if getattr(optimizer, "grad_scale", None) is not None or (
+            getattr(optimizer, "found_inf", None) is not None
+        ):
+            raise XLATraceError(
+                f"xla_trace: {type(optimizer).__name__} with a GradScaler's grad_scale/found_inf "
+                "is not supported (no loss scaling inside xla_trace)"
+            )
+        return "FusedAdamW" if isinstance(optimizer, torch.optim.AdamW) else "FusedAdam"
     for cls in type(optimizer).__mro__:
         if cls.__module__.startswith("torch.optim") and cls.__name__ in SUPPORTED:
             name = "AdamW" if isinstance(optimizer, torch.optim.AdamW) else cls.__name__
@@ -36,9 +62,13 @@ def kind(optimizer: torch.optim.Optimizer) -> str:
     )
 
 
-def init_state(name: str, group: dict, p: torch.Tensor, state: dict) -> None:
+def init_state(name: str, group: dict, p: torch.Tensor, state: dict, optimizer=None) -> None:
     """Create ``state`` for ``p`` as torch.optim's first ``step`` would, where the first step's
-    math is the same as a later one's on zero state (so one program serves every step)."""
+    math is the same as a later one's on zero state (so one program serves every step). Fused
+    optimizers (``optimizer``) create and check their own state."""
+    if name in FUSED:
+        optimizer._state_for(p, group)
+        return
     if name == "SGD":
         if group["momentum"] != 0 and "momentum_buffer" not in state and group["dampening"] == 0:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -56,7 +86,8 @@ def state_names(name: str, group: dict, state: dict) -> tuple[str, ...]:
     if name == "SGD":
         return ("momentum_buffer",) if "momentum_buffer" in state else ()
     names = ("step", "exp_avg", "exp_avg_sq")
-    return names + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+    names += ("max_exp_avg_sq",) if group["amsgrad"] else ()
+    return names + (("master_param",) if name in FUSED and "master_param" in state else ())
 
 
 def sgd_update(p, grad, state: dict, group: dict, lr):
@@ -102,8 +133,39 @@ def adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
     return p - step_size * (exp_avg / denom), new_state
 
 
+def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
+    """One FusedAdam / FusedAdamW step for one parameter: the body of fusedops' ``adam_step``
+    op (reference backend: plain torch ops) on copies of ``p`` and its state (functional)."""
+    from fusedops.ops.adam import _adam_step_body
+
+    beta1, beta2 = group["betas"]
+    new = {n: t.clone() for n, t in state.items()}
+    p, grad = p.clone(), grad.to(p.dtype)
+    if p.is_complex():  # as FusedAdam: real and imaginary parts are independent
+        real = {n: torch.view_as_real(t) if t.is_complex() else t for n, t in new.items()}
+        new_p, new_real = fused_adam_update(
+            torch.view_as_real(p), torch.view_as_real(grad), real, group, lr, decoupled
+        )
+        back = {n: torch.view_as_complex(t) if new[n].is_complex() else t
+                for n, t in new_real.items()}  # fmt: skip
+        return torch.view_as_complex(new_p), back
+    amsgrad = group["amsgrad"]
+    _adam_step_body(
+        [p], [grad], [new["exp_avg"]], [new["exp_avg_sq"]],
+        [new["max_exp_avg_sq"]] if amsgrad else [],
+        [new["master_param"]] if "master_param" in new else [], [new["step"]],
+        0.0, lr.reshape(()).to(torch.float32), float(beta1), float(beta2), float(group["eps"]),
+        float(group["weight_decay"]), bool(amsgrad), bool(group["maximize"]), decoupled,
+        None, None, "reference",
+    )  # fmt: skip
+    return p, new
+
+
 def update(name: str, p, grad, state: dict, group: dict, lr):
-    """Dispatch to the update of optimizer ``name`` (see ``SUPPORTED``)."""
+    """Dispatch to the update of optimizer ``name`` (``SUPPORTED`` or ``FUSED``)."""
+    if name in FUSED:
+        decoupled = name == "FusedAdamW" or bool(group.get("decoupled_weight_decay", False))
+        return fused_adam_update(p, grad, state, group, lr, decoupled)
     if name == "SGD":
         return sgd_update(p, grad, state, group, lr)
     decoupled = name == "AdamW" or bool(group.get("decoupled_weight_decay", False))

@@ -104,6 +104,12 @@ class JaxProgram:
                 if node.target is operator.getitem:
                     env[node] = a[0][a[1]]
                     continue
+                if node.target in lower.FUNCTIONALIZED:
+                    env[node] = lower.call_functionalized(node.target, a, kw)
+                    continue
+                if node.target is lower.WITH_EFFECTS:  # a skipped check: the token goes on
+                    env[node] = (a[0],)
+                    continue
                 fn = lower.LOWERINGS[node.target]
                 if node.target in lower.NEEDS_META:
                     kw = {**kw, "meta": node.meta["val"]}
@@ -168,6 +174,8 @@ class JaxProgram:
     def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:
         out = bridge.to_torch(array)
         meta = node.meta.get("val")
+        if isinstance(meta, torch.Tensor) and meta.dtype == torch.complex32:
+            out = out.to(torch.complex32)
         # a CPU scalar of a CUDA program (e.g. an optimizer's step count) goes back to the CPU
         cpu_meta = isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
         if cpu_meta and meta.dim() == 0 and not on_cpu:
@@ -178,7 +186,7 @@ class JaxProgram:
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[str]:
     """Names of the ATen ops in ``gm`` with no lowering (sorted, unique)."""
     return lower.op_names(
-        n.target
+        lower.node_target(n)
         for n in gm.graph.nodes
-        if n.op == "call_function" and not lower.supported(n.target)
+        if n.op == "call_function" and not lower.node_supported(n)
     )

@@ -125,7 +125,7 @@ class XlaTrainStep:
                         continue
                     stateless = name == "SGD" and group["momentum"] == 0  # torch keeps none
                     state = {} if stateless else opt.state[p]
-                    optim_math.init_state(name, group, p, state)
+                    optim_math.init_state(name, group, p, state, opt)
                     slots.append((oi, gi, index[id(p)], optim_math.state_names(name, group, state)))
         grad_inputs = [i for i, p in enumerate(params) if p.grad is not None]
         sig = _Signature(params, buffers, buffer_names, slots, groups, module_params, grad_inputs)
@@ -503,10 +503,11 @@ def xla_trace(step_fn=None, *, capture_as_const: bool = False):
     """Compile a whole training step into one XLA program.
 
     ``step_fn(*args, **kwargs)`` is written as in eager (forward, ``loss.backward()``,
-    ``opt.step()``, ``opt.zero_grad()``) with its ``nn.Module``s and ``torch.optim`` optimizers
-    (SGD, Adam, AdamW) passed as arguments. Tensor arguments may have any shape/dtype; each new
-    signature compiles a new program. Returns what ``step_fn`` returns. Parameters, buffers,
-    gradients and optimizer state are updated in place as eager would. ``capture_as_const=True``
+    ``opt.step()``, ``opt.zero_grad()``) with its ``nn.Module``s and optimizers (torch.optim's
+    SGD, Adam, AdamW; fusedops.optim.FusedAdam, FusedAdamW) passed as arguments. Tensor
+    arguments may have any shape/dtype; each new signature compiles a new program. Returns
+    what ``step_fn`` returns. Parameters, buffers, gradients and optimizer state are updated in
+    place as eager would. ``capture_as_const=True``
     bakes closed-over tensors in as constants (else they are read each call).
     Usable as ``@xla_trace`` or ``@xla_trace(capture_as_const=True)``.
     """

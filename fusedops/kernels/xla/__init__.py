@@ -5,5 +5,11 @@ a fused op inside a ``partial_trace`` / ``xla_trace`` region stays inside the on
 Each module registers with ``fusedops.xla.lower.register`` on import; ``fusedops.xla.lower``
 imports the module of every op in ``fusedops.ops.OP_MODULES`` (importing these imports jax).
 A lowering takes the op's arguments in order, tensors as ``jax.Array`` (the ``backend``
-argument is ignored), and returns what the op returns.
+argument is ignored), and returns what the op returns. An op that writes its arguments in place
+(``adam_step``) registers with ``mutates=True`` and returns ``{argument name: new value}``.
+
+``tests/xla/test_fusedops_lowerings.py`` finds every ``fusedops::`` op and checks its lowering
+against the op under ``partial_trace(fullgraph=True)``, forward and backward. Its sample inputs
+come from the test's own table or from a ``samples()`` function in the op's module here: a list
+of argument tuples for the forward op (small, random each call, covering the op's variants).
 """

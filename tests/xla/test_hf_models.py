@@ -1,0 +1,215 @@
+"""Hugging Face models (built from tiny configs, no downloads) with fusedops' fused modules in
+them, under ``partial_trace(fullgraph=True)`` (one XLA program forward, one backward) and under
+``xla_trace`` with ``FusedAdamW``, against the same models in eager PyTorch.
+
+The fused modules come from ``fusedops.replace_modules`` (LayerNorm, and CLIP's
+QuickGELUActivation named explicitly). Dropout is 0 so both runs compute the same function.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fusedops.testing import assert_close
+from tests.xla.traced import no_cpu_tune  # noqa: F401
+
+pytest.importorskip("jax")
+transformers = pytest.importorskip("transformers")
+
+import fusedops  # noqa: E402
+from fusedops.optim import FusedAdamW  # noqa: E402
+from fusedops.xla import partial_trace, xla_trace  # noqa: E402
+
+T = transformers
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
+
+def _images(labels: bool = True):
+    """Inputs of an image model: two random 16x16 RGB images (and class labels of 3)."""
+
+    def inputs():
+        batch = {"pixel_values": torch.randn(2, 3, 16, 16)}
+        if labels:
+            batch["labels"] = torch.randint(0, 3, (2,))
+        return batch
+
+    return inputs
+
+
+def _vit(attn="sdpa"):
+    config = T.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=16, patch_size=8, num_labels=3, **NO_DROPOUT,
+    )  # fmt: skip
+    return T.ViTForImageClassification(config), _images()
+
+
+def _bert(attn="sdpa"):
+    config = T.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=16, num_labels=3,
+        attn_implementation=attn, **NO_DROPOUT,
+    )  # fmt: skip
+
+    def inputs():
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 5:] = 0  # padding: the attention mask reaches the attention
+        return {
+            "input_ids": torch.randint(0, 50, (2, 7)),
+            "attention_mask": mask,
+            "labels": torch.tensor([1, 2]),
+        }
+
+    return T.BertForSequenceClassification(config), inputs
+
+
+def _gpt2(attn="sdpa"):
+    config = T.GPT2Config(
+        vocab_size=50, n_embd=32, n_layer=2, n_head=2, n_positions=16, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+
+    def inputs():
+        ids = torch.randint(0, 50, (2, 7))
+        return {"input_ids": ids, "labels": ids}
+
+    model = T.GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # unset, transformers logs a warning in forward: a graph break
+    return model, inputs
+
+
+def _swin(attn="sdpa"):
+    config = T.SwinConfig(
+        image_size=16, patch_size=2, embed_dim=8, depths=[2, 1], num_heads=[2, 2], window_size=4,
+        num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )  # fmt: skip
+    return T.SwinForImageClassification(config), _images()
+
+
+def _clip(attn="sdpa"):
+    config = T.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        image_size=16, patch_size=8, attention_dropout=0.0,
+    )  # fmt: skip
+    return T.CLIPVisionModel(config), _images(labels=False)
+
+
+MODELS = {"vit": _vit, "bert": _bert, "gpt2": _gpt2, "swin": _swin, "clip": _clip}
+
+
+def _loss(output):
+    """The model's own loss where it computes one (labels given), else a function of its
+    pooled output."""
+    if getattr(output, "loss", None) is not None:
+        return output.loss
+    return output.pooler_output.square().mean()
+
+
+def _fused(model) -> torch.nn.Module:
+    """``model`` with fusedops' modules swapped in (LayerNorm; QuickGELU named explicitly)."""
+    fusedops.replace_modules(model, classes=[T.activations.QuickGELUActivation])
+    kinds = {type(m).__name__ for m in model.modules() if getattr(type(m), "_fusedops_fused", 0)}
+    assert "LayerNorm" in kinds, kinds
+    return model
+
+
+def _build(name: str, attn: str = "sdpa", fused: bool = True):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name](attn)
+    model.train()
+    plain = copy.deepcopy(model)
+    return (_fused(model) if fused else model), plain, inputs
+
+
+def _grads(model):
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare_grads(got, want, scale=8.0):
+    assert got.keys() == want.keys() and got
+    for name, g in want.items():
+        assert_close(got[name], g, scale=scale, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("name", "attn"), [(n, "sdpa") for n in MODELS] + [("bert", "eager")], ids=lambda v: v
+)
+def test_partial_trace_one_program_per_direction(name, attn):
+    model, plain, inputs = _build(name, attn)
+    if name == "clip":
+        assert any(type(m).__name__ == "QuickGELUActivation" and
+                   getattr(type(m), "_fusedops_fused", 0) for m in model.modules())  # fmt: skip
+
+    @partial_trace(fullgraph=True)
+    def loss_fn(batch):
+        return _loss(model(**batch))
+
+    batch = inputs()
+    loss = loss_fn(batch)
+    loss.backward()
+    expected = _loss(plain(**batch))
+    expected.backward()
+    assert loss_fn.stats.programs == 2 and not loss_fn.stats.eager_ops, loss_fn.stats
+    assert_close(loss, expected, scale=4.0, msg="loss")
+    _compare_grads(_grads(model), _grads(plain))
+
+
+def _train(model, inputs, steps: int, traced: bool):
+    """``steps`` FusedAdamW steps (eager or one xla_trace program each); the losses. eps 1e-3:
+    Adam's update of a near-zero gradient is then proportional to it, so fp32 rounding noise
+    in such gradients moves weights by rounding noise (with eps 1e-8 it flips whole steps)."""
+    opt = FusedAdamW(model.parameters(), lr=1e-2, eps=1e-3, weight_decay=0.1)
+
+    def step(batch, *, net, opt):
+        loss = _loss(net(**batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    run = xla_trace(step) if traced else step
+    losses = [run(batch, net=model, opt=opt).detach() for batch in inputs]
+    if traced:
+        assert run.programs == 1
+    return losses, opt
+
+
+@pytest.mark.parametrize(("name", "fused"), [(n, True) for n in MODELS] + [("swin", False)])
+def test_xla_trace_with_fused_adamw_matches_eager(name, fused):
+    model, plain, make_inputs = _build(name, fused=fused)
+    eager_model = copy.deepcopy(model) if fused else plain
+    batches = [make_inputs() for _ in range(2)]
+    losses, opt = _train(model, batches, 2, traced=True)
+    want_losses, want_opt = _train(eager_model, batches, 2, traced=False)
+    for got, want in zip(losses, want_losses):
+        assert_close(got, want, scale=4.0, msg="loss")
+    for (n, p), q in zip(model.named_parameters(), eager_model.parameters()):
+        assert_close(p.detach(), q.detach(), scale=8.0, msg=n)
+        state, want_state = opt.state[p], want_opt.state[q]
+        assert_close(state["exp_avg_sq"], want_state["exp_avg_sq"], scale=8.0, msg=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["vit", "bert", "swin"])
+def test_cuda_partial_trace_one_program_per_direction(monkeypatch, name):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    model, plain, inputs = _build(name)
+    model, plain = model.cuda(), plain.cuda()
+
+    @partial_trace(fullgraph=True)
+    def loss_fn(batch):
+        return _loss(model(**batch))
+
+    batch = {k: v.cuda() for k, v in inputs().items()}
+    loss = loss_fn(batch)
+    loss.backward()
+    expected = _loss(plain(**batch))
+    expected.backward()
+    assert loss_fn.stats.programs == 2 and not loss_fn.stats.eager_ops, loss_fn.stats
+    assert_close(loss, expected, scale=8.0, msg="loss")
+    _compare_grads(_grads(model), _grads(plain), scale=32.0)

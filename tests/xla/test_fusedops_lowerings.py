@@ -4,8 +4,9 @@ The ops are discovered, not listed: every op in the ``fusedops`` namespace after
 ``fusedops.ops.load_all()``. Each forward op runs under ``partial_trace(fullgraph=True)`` on
 sample inputs (one XLA program forward, one backward where the op is differentiable, so its
 ``<name>_backward`` op is lowered too) and is compared with the eager op, outputs and gradients.
-Sample inputs come from ``SAMPLES`` below or from a ``samples()`` function beside the op's
-lowering in ``fusedops/kernels/xla/<op>.py`` (a list of argument tuples for the forward op);
+Sample inputs come from ``SAMPLES`` below or from a ``samples(name)`` function beside the op's
+lowering in ``fusedops/kernels/xla/<op>.py`` (a list of argument tuples for forward op
+``name``);
 a new op without either fails ``test_every_forward_op_has_samples``.
 """
 
@@ -61,7 +62,12 @@ def _norm_samples(rms: bool) -> list[tuple]:
         (R(3, 12, dtype=F64), R(12, dtype=F64), R(12, dtype=F64)),
     ]
     if rms:
-        return [(x, w, 1e-6) for x, w, _ in cases]
+        variants = [  # transformers' LlamaRMSNorm / T5LayerNorm rounding (out_dtype, xhat_dtype)
+            (R(4, 24, dtype=BF16), R(24), 1e-6, None, F32, BF16),
+            (R(3, 16, dtype=BF16), R(16, dtype=BF16), 1e-6, None, BF16, BF16),
+            (R(3, 16, dtype=F16), R(16), 1e-6, None, F32, None),
+        ]
+        return [(x, w, 1e-6) for x, w, _ in cases] + variants
     return [(x, w, b, 1e-5) for x, w, b in cases]
 
 
@@ -77,7 +83,8 @@ def _samples(name: str):
     if name in SAMPLES:
         return SAMPLES[name]
     module = importlib.import_module(lower.LOWERINGS[OPS[name]].__module__)
-    return getattr(module, "samples", None)
+    samples = getattr(module, "samples", None)
+    return None if samples is None else (lambda: samples(name))
 
 
 def test_every_fusedops_op_has_a_lowering():
@@ -89,7 +96,7 @@ def test_every_fusedops_op_has_a_lowering():
 def test_every_forward_op_has_samples():
     missing = [n for n in FORWARD_OPS if _samples(n) is None]
     assert not missing, (
-        f"no sample inputs for {missing}: add them to SAMPLES here or a samples() function "
+        f"no sample inputs for {missing}: add them to SAMPLES here or a samples(name) function "
         "beside the lowering in fusedops/kernels/xla/<op>.py"
     )
 

@@ -10,6 +10,7 @@ argument is ignored), and returns what the op returns. An op that writes its arg
 
 ``tests/xla/test_fusedops_lowerings.py`` finds every ``fusedops::`` op and checks its lowering
 against the op under ``partial_trace(fullgraph=True)``, forward and backward. Its sample inputs
-come from the test's own table or from a ``samples()`` function in the op's module here: a list
-of argument tuples for the forward op (small, random each call, covering the op's variants).
+come from the test's own table or from a ``samples(name)`` function in the op's module here: a
+list of argument tuples for forward op ``name`` (small, random each call, covering the op's
+variants; one function for the several ops a module may lower).
 """

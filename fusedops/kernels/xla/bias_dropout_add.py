@@ -55,3 +55,20 @@ def bias_dropout_add_backward(grad, seed, p, x_dtype, bias_dtype, backend=None):
         return g.astype(x_type), jnp.zeros((0,), grad.dtype)
     leading = tuple(range(grad.ndim - 1))
     return g.astype(x_type), g.sum(axis=leading).reshape(-1).astype(bias_type)
+
+
+def samples(name):
+    """Arguments of ``fusedops::bias_dropout_add`` for the lowering test: random masks (seeded),
+    an fp32 residual stream under bf16 x, no bias, p = 0 and p = 1 (no seed)."""
+    from fusedops.testing import random_tensor as r
+
+    def seed():
+        return torch.randint(0, 2**62, (2,), dtype=torch.int64)
+
+    return [
+        (r((6, 16)), r((16,)), r((6, 16)), seed(), 0.3),
+        (r((5, 24), torch.bfloat16), r((24,), torch.bfloat16), r((5, 24)), seed(), 0.5),
+        (r((3, 7)), None, r((3, 7)), seed(), 0.1),
+        (r((4, 8)), r((8,)), r((4, 8)), None, 0.0),
+        (r((4, 8)), r((8,)), r((4, 8)), None, 1.0),
+    ]

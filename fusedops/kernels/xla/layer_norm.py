@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.xla.lower import register
+from fusedops.xla.lower import jax_dtype, register
 
 fusedops = torch.ops.fusedops
 
@@ -26,8 +26,14 @@ def _compute_dtype(x):
     return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
 
 
-def _forward(x, weight, bias, eps, rms: bool):
-    """(y in x's dtype, mean or None, rstd) of rows x, statistics in the compute dtype."""
+def _rounded(xhat, xhat_dtype):
+    """xhat rounded to the torch dtype ``xhat_dtype`` (None: as it is), in its own dtype."""
+    return xhat if xhat_dtype is None else xhat.astype(jax_dtype(xhat_dtype)).astype(xhat.dtype)
+
+
+def _forward(x, weight, bias, eps, rms: bool, out_dtype=None, xhat_dtype=None):
+    """(y in x's dtype or the torch dtype ``out_dtype``, mean or None, rstd) of rows x,
+    statistics in the compute dtype; ``xhat_dtype``: xhat rounded to it before the weight."""
     c = x.astype(_compute_dtype(x))
     if rms:
         mean = None
@@ -38,12 +44,12 @@ def _forward(x, weight, bias, eps, rms: bool):
         centered = c - mean[:, None]
         rstd = lax.rsqrt(jnp.mean(centered * centered, axis=1) + eps)
         xhat = centered * rstd[:, None]
-    y = xhat
+    y = _rounded(xhat, xhat_dtype)
     if weight is not None:
         y = y * weight.astype(c.dtype)
     if bias is not None:
         y = y + bias.astype(c.dtype)
-    return y.astype(x.dtype), mean, rstd
+    return y.astype(x.dtype if out_dtype is None else jax_dtype(out_dtype)), mean, rstd
 
 
 def _grad_or_empty(grad, like, x):
@@ -52,7 +58,7 @@ def _grad_or_empty(grad, like, x):
     return jnp.zeros((0,), x.dtype) if like is None else grad.astype(like.dtype)
 
 
-def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
+def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     """(dx, dweight, dbias) of rows x; an absent parameter's gradient is an empty array."""
     c = x.astype(_compute_dtype(x))
     g0 = dy.astype(c.dtype)
@@ -63,7 +69,8 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool):
     if not rms:
         inner = inner + jnp.mean(g, axis=1, keepdims=True)
     dx = ((g - inner) * rstd).astype(x.dtype)
-    dweight = _grad_or_empty(jnp.sum(g0 * xhat, axis=0) if weight is not None else None, weight, x)
+    dweight = None if weight is None else jnp.sum(g0 * _rounded(xhat, xhat_dtype), axis=0)
+    dweight = _grad_or_empty(dweight, weight, x)
     dbias = _grad_or_empty(jnp.sum(g0, axis=0) if bias is not None else None, bias, x)
     return dx, dweight, dbias
 
@@ -79,12 +86,12 @@ def layer_norm_backward(dy, x, weight, bias, mean, rstd, backend=None):
 
 
 @register(fusedops.rms_norm.default)
-def rms_norm(x, weight, eps, backend=None):
-    y, _, rstd = _forward(x, weight, None, eps, rms=True)
+def rms_norm(x, weight, eps, backend=None, out_dtype=None, xhat_dtype=None):
+    y, _, rstd = _forward(x, weight, None, eps, True, out_dtype, xhat_dtype)
     return y, rstd
 
 
 @register(fusedops.rms_norm_backward.default)
-def rms_norm_backward(dy, x, weight, rstd, backend=None):
-    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, rms=True)
+def rms_norm_backward(dy, x, weight, rstd, backend=None, xhat_dtype=None):
+    dx, dweight, _ = _backward(dy, x, weight, None, None, rstd, True, xhat_dtype)
     return dx, dweight

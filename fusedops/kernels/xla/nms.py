@@ -104,3 +104,27 @@ def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offse
     )
     _, _, picks, picked, count = lax.while_loop(live_left, step, start)
     return picks, picked, jnp.where(jnp.isnan(scores).any(), -1, count)
+
+
+def samples(name):
+    """Arguments of ``fusedops::nms`` / ``soft_nms`` for the lowering test: overlapping random
+    boxes (fp32 and fp16), with and without classes, offset 0 and 1, every soft-NMS method."""
+    from fusedops.testing import random_tensor as r
+
+    def boxes(n, dtype=torch.float32):
+        corner = r((n, 2), low=0.0, high=20.0)
+        return torch.cat([corner, corner + r((n, 2), low=1.0, high=12.0)], 1).to(dtype)
+
+    def classes(n):
+        return torch.randint(0, 3, (n,))
+
+    if name == "nms":
+        return [
+            (boxes(40), r((40,), low=0.0, high=1.0), None, 0.5, 0),
+            (boxes(33, torch.float16), r((33,), low=0.0, high=1.0), classes(33), 0.3, 1),
+            (boxes(1), r((1,), low=0.0, high=1.0), None, 0.5, 0),
+        ]
+    return [
+        (boxes(30), r((30,), low=0.0, high=1.0), None, 0.3, 0.5, 1e-3, method, offset)
+        for method, offset in ((0, 0), (1, 1), (2, 0))
+    ] + [(boxes(25), r((25,), low=0.0, high=1.0), classes(25), 0.3, 0.5, 1e-3, 1, 0)]

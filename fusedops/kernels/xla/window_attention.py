@@ -58,3 +58,18 @@ def window_attention_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_g
     else:
         dbias = jnp.zeros((0,), dtype=q.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbias
+
+
+def samples(name):
+    """Arguments of ``fusedops::window_attention`` for the lowering test: 2 images of 2 windows
+    with bias and a -100 shift mask, no bias nor mask at N = 7, bf16 at d = 32."""
+    from fusedops.testing import random_tensor as r
+
+    mask = torch.where(torch.rand(2, 16, 16) < 0.3, -100.0, 0.0)
+    qkv = [r((4, 2, 16, 16)) for _ in range(3)]
+    bf16 = [r((2, 2, 9, 32), torch.bfloat16) for _ in range(3)]
+    return [
+        (*qkv, r((2, 16, 16)), mask, 0.25),
+        (*[r((3, 1, 7, 16)) for _ in range(3)], None, None, 0.25),
+        (*bf16, r((2, 9, 9)), None, 32**-0.5),
+    ]

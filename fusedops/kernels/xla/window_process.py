@@ -48,3 +48,19 @@ def window_reverse_roll(windows, window_h, window_w, height, width, shift_h, shi
 @register(fusedops.window_reverse_roll_backward.default)
 def window_reverse_roll_backward(grad, window_h, window_w, shift_h, shift_w, backend=None):
     return _partition(grad, window_h, window_w, -shift_h, -shift_w)
+
+
+def samples(name):
+    """Arguments of ``fusedops::window_partition_roll`` / ``window_reverse_roll`` for the
+    lowering test: H != W, non-square windows, shifts 0 and not, bf16."""
+    from fusedops.testing import random_tensor as r
+
+    if name == "window_partition_roll":
+        return [
+            (r((2, 8, 12, 3)), 4, 4, 2, 5, None),
+            (r((1, 6, 6, 5), torch.bfloat16), 3, 2, 0, 0, None),
+        ]
+    return [  # windows of (2, 8, 12, 3) in 4x4 windows: 2 * 2 * 3; (1, 6, 6) in 3x2: 6
+        (r((12, 4, 4, 3)), 4, 4, 8, 12, 6, 1, None),
+        (r((6, 3, 2, 5), torch.bfloat16), 3, 2, 6, 6, 0, 0, None),
+    ]

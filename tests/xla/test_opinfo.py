@@ -33,6 +33,7 @@ EXCLUDED = {
     "randn": "random",
     "randn_like": "random",
     "rand_like": "random",
+    "randint": "random",
     # uninitialised memory: eager's values are whatever the allocator held
     "empty": "uninitialised values",
     "empty_like": "uninitialised values",

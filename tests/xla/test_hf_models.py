@@ -2,8 +2,9 @@
 them, under ``partial_trace(fullgraph=True)`` (one XLA program forward, one backward) and under
 ``xla_trace`` with ``FusedAdamW``, against the same models in eager PyTorch.
 
-The fused modules come from ``fusedops.replace_modules`` (LayerNorm, and CLIP's
-QuickGELUActivation named explicitly). Dropout is 0 so both runs compute the same function.
+The fused modules come from ``fusedops.replace_modules`` (LayerNorm, CLIP's QuickGELUActivation,
+Swin's layers and attention), and in one test from ``FUSEDOPS_HOOKS=all`` set before the
+interpreter starts. Dropout is 0 so both runs compute the same function.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from fusedops.testing import assert_close
+from fusedops.testing import assert_close, run_python
 from tests.xla.traced import no_cpu_tune  # noqa: F401
 
 pytest.importorskip("jax")
@@ -82,8 +83,9 @@ def _gpt2(attn="sdpa"):
 
 
 def _swin(attn="sdpa"):
+    # head dim 16: the swin hook's attention is fusedops.window_attention (flash-style)
     config = T.SwinConfig(
-        image_size=16, patch_size=2, embed_dim=8, depths=[2, 1], num_heads=[2, 2], window_size=4,
+        image_size=16, patch_size=2, embed_dim=32, depths=[2, 1], num_heads=[2, 2], window_size=4,
         num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         drop_path_rate=0.0,
     )  # fmt: skip
@@ -213,3 +215,57 @@ def test_cuda_partial_trace_one_program_per_direction(monkeypatch, name):
     assert loss_fn.stats.programs == 2 and not loss_fn.stats.eager_ops, loss_fn.stats
     assert_close(loss, expected, scale=8.0, msg="loss")
     _compare_grads(_grads(model), _grads(plain), scale=32.0)
+
+
+_HOOKED_RUN = """
+import torch
+import fusedops
+from fusedops import hooks
+from fusedops.xla import partial_trace, xla_trace
+from fusedops.optim import FusedAdamW
+import tests.xla.test_hf_models as hf
+
+assert hooks.enabled() == sorted(hooks.enabled()) and "swin" in hooks.enabled(), hooks.enabled()
+for name, build in hf.MODELS.items():
+    torch.manual_seed(0)
+    model, inputs = build()
+    assert not hooks.unfused(model), (name, hooks.unfused(model))
+    fused = {type(m).__name__ for m in model.modules() if getattr(type(m), "_fusedops_fused", 0)}
+    traced = partial_trace(lambda batch: hf._loss(model(**batch)), fullgraph=True)
+    batch = inputs()
+    loss = traced(batch)
+    loss.backward()
+    eager = hf._loss(model(**batch))
+    assert traced.stats.programs == 2 and not traced.stats.eager_ops, (name, traced.stats)
+    assert torch.allclose(loss, eager, rtol=1e-4, atol=1e-5), (name, loss, eager)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert isinstance(opt, FusedAdamW)
+
+    def step(batch, *, net, opt):
+        loss = hf._loss(net(**batch))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    train = xla_trace(step)
+    train(inputs(), net=model, opt=opt)
+    assert train.programs == 1, name
+    print(name, sorted(fused))
+"""
+
+
+def test_fusedops_hooks_all_models_are_one_program_per_direction_and_xla_trace():
+    """With ``FUSEDOPS_HOOKS=all`` (hooks on at interpreter start, before transformers is
+    imported), every LayerNorm / QuickGELU / Swin module of the five models is fused
+    (``hooks.unfused`` empty), each model runs under ``partial_trace(fullgraph=True)`` as one XLA
+    program per direction with eager's loss, and its training step (torch.optim.AdamW, which the
+    hook makes FusedAdamW) under ``xla_trace`` as one program."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = run_python("-c", _HOOKED_RUN, cwd=repo, env={"FUSEDOPS_HOOKS": "all"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in MODELS:
+        assert name in done.stdout
+    assert "SwinAttention" in done.stdout and "QuickGELUActivation" in done.stdout

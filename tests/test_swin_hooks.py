@@ -130,6 +130,25 @@ def test_without_attention_weights_the_hook_runs_the_flash_window_attention(v2):
         assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
 
 
+@pytest.mark.parametrize("route", ["config", "kwarg"])
+def test_attentions_asked_for_by_config_or_argument_are_returned(route):
+    """transformers 5.x records attentions when ``output_attentions`` is passed or set in the
+    config (without passing the config's value down): the fused attention returns the weights
+    either way (head dim 16, where the flash path would otherwise run)."""
+    overrides = dict(image_size=16, embed_dim=32, depths=[2], num_heads=[2])
+    config = _config(attn_implementation="eager", output_attentions=route == "config", **overrides)
+    ref = _build(transformers.SwinForImageClassification, config)
+    model = fusedops.replace_modules(copy.deepcopy(ref), hooks=["swin"])
+    images = random_tensor((2, 3, 16, 16))
+    kwargs = {"output_attentions": True} if route == "kwarg" else {}
+    out, expected = model(images, **kwargs), ref(images, **kwargs)
+    assert len(out.attentions) == len(expected.attentions) == 1
+    assert_close(out.attentions[0], expected.attentions[0], dtype=torch.float32, scale=4.0)
+    assert_close(out.logits, expected.logits, dtype=torch.float32, scale=4.0)
+    if route == "config":  # asked not to return them: the flash path, no weights
+        assert model(images, output_attentions=False).attentions is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_hooked_model_on_gpu_matches_the_original(autocast):

@@ -57,6 +57,16 @@ def register_attention(name: str = NAME) -> None:
     AttentionMaskInterface.register(name, eager_mask)
 
 
+def attention_weights_requested(module, kwargs: dict) -> bool:
+    """Whether a transformers attention call must return its weights: ``output_attentions``
+    passed down, else the module's ``config.output_attentions`` (transformers 5.x records
+    attentions asked for in the config without passing the value down)."""
+    requested = kwargs.get("output_attentions")
+    if requested is None:
+        requested = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(requested)
+
+
 def _is_causal(module, query, mask, kwargs) -> bool:
     """Whether transformers' sdpa would run this call causally (its own rule)."""
     is_causal = kwargs.get("is_causal")

@@ -27,6 +27,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from fusedops.integrations.transformers import attention_weights_requested
 from fusedops.nn.swin import window_attention_core
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
@@ -158,7 +159,7 @@ def _swin_attention_forward(self, hidden_states, attention_mask=None, **kwargs):
     bias = self.relative_position_bias()[0]
     out, weights = window_attention_core(
         q, k, v, bias, attention_mask, self.scaling, self.attention_dropout, self.training,
-        need_weights=bool(kwargs.get("output_attentions", False)),
+        need_weights=attention_weights_requested(self, kwargs),
     )  # fmt: skip
     return self.o_proj(_merge_heads(out)), weights
 

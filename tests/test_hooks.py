@@ -190,3 +190,118 @@ def test_fusedops_hooks_env_applies_at_start(tmp_path):
 def test_fusedops_hooks_env_bad_value_warns_and_starts(tmp_path):
     out = _python("print('started')", tmp_path, FUSEDOPS_HOOKS="no_such_hook")
     assert "started" in out and "FUSEDOPS_HOOKS ignored: unknown hook 'no_such_hook'" in out
+
+
+# ------------------------------------------------------------------------------------------
+# Machinery edge cases, on scratch hooks over scratch modules (removed again afterwards).
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """register(name, targets) adds a hook (removed afterwards); module(name, code) writes an
+    importable module (dropped from sys.modules afterwards)."""
+    names = []
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Scratch:
+        @staticmethod
+        def register(name, targets):
+            hooks.register_hook(hooks.Hook(name, targets=targets))
+            names.append(name)
+
+        @staticmethod
+        def module(name, code):
+            (tmp_path / f"{name}.py").write_text(textwrap.dedent(code))
+            monkeypatch.delitem(sys.modules, name, raising=False)
+
+    yield Scratch
+    for name in names:
+        hooks.disable(name)
+        hooks.machinery._HOOKS.pop(name)
+
+
+def test_a_failing_replacement_warns_and_the_import_and_other_patches_go_on(scratch):
+    def broken(original):
+        raise RuntimeError("no fused version")
+
+    scratch.module("hookdemo_make", "A = 1\nB = 2\n")
+    scratch.register(
+        "scratch_make",
+        lambda **_: [
+            hooks.Target("hookdemo_make", "A", broken),
+            hooks.Target("hookdemo_make", "B", lambda original: original + 40),
+        ],
+    )
+    hooks.enable("scratch_make")
+    with pytest.warns(UserWarning, match=r"'scratch_make'.*hookdemo_make\.A.*RuntimeError: no"):
+        import hookdemo_make
+    assert (hookdemo_make.A, hookdemo_make.B) == (1, 42)
+    assert hooks.state()["scratch_make"]["patched"] == ["hookdemo_make.B"]
+
+
+@pytest.mark.parametrize("noticed_by", ["a later import", "state()"])
+def test_enable_while_the_module_imports_in_another_thread(scratch, monkeypatch, noticed_by):
+    """The module's loader was chosen before the patch was queued: the patch is applied once
+    the import has finished, on the next import or the next state()/report()."""
+    gate = type(sys)("hookdemo_gate")
+    gate.started, gate.go = threading.Event(), threading.Event()
+    monkeypatch.setitem(sys.modules, "hookdemo_gate", gate)
+    scratch.module("hookdemo_slow", "import hookdemo_gate\nhookdemo_gate.started.set()\n"
+                   "hookdemo_gate.go.wait(30)\nA = 1\n")  # fmt: skip
+    scratch.module("hookdemo_later", "")
+    target = hooks.Target("hookdemo_slow", "A", lambda a: a + 1)
+    scratch.register("scratch_race", lambda **_: [target])
+    importer = threading.Thread(target=__import__, args=("hookdemo_slow",))
+    importer.start()
+    assert gate.started.wait(30)
+    hooks.enable("scratch_race")
+    assert hooks.state()["scratch_race"]["waiting"] == ["hookdemo_slow.A"]
+    gate.go.set()
+    importer.join(30)
+    if noticed_by == "a later import":
+        import hookdemo_later  # noqa: F401
+    else:
+        assert "patched hookdemo_slow.A" in hooks.report()
+    assert sys.modules["hookdemo_slow"].A == 2
+    assert hooks.state()["scratch_race"] == {
+        "enabled": True, "patched": ["hookdemo_slow.A"], "waiting": [], "unpatched": []
+    }  # fmt: skip
+
+
+def test_patched_passes_its_options_to_hooks_that_take_none():
+    with hooks.patched("layer_norm", "adam", "quick_gelu", classes=[ORIGINAL]):
+        assert torch.nn.LayerNorm is fusedops.nn.LayerNorm and _current() is not ORIGINAL
+        assert torch.optim.Adam is fusedops.optim.FusedAdam
+    assert hooks.enabled() == [] and _current() is ORIGINAL
+
+
+def test_overlapping_patched_blocks_keep_the_hook_until_the_last_one_exits():
+    first, second = hooks.patched("layer_norm"), hooks.patched("layer_norm")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # not nested: the first block exits first
+    assert hooks.enabled() == ["layer_norm"]
+    second.__exit__(None, None, None)
+    assert hooks.enabled() == []
+    hooks.enable_fused_layer_norm()  # enabled before any block: blocks leave it enabled
+    with hooks.patched("layer_norm"), hooks.patched("layer_norm", "rms_norm"):
+        assert hooks.enabled() == ["layer_norm", "rms_norm"]
+    assert hooks.enabled() == ["layer_norm"]
+
+
+def test_bad_new_options_leave_the_enabled_hook_as_it_was():
+    hooks.enable_quick_gelu(classes=[ORIGINAL])
+    fused = _current()
+    with pytest.raises(ValueError, match="not a dotted"):
+        hooks.enable_quick_gelu(classes=["QuickGELU"])
+    assert hooks.enabled() == ["quick_gelu"] and _current() is fused
+
+
+def test_replace_modules_swaps_torch_gelu_while_the_gelu_hook_is_on():
+    model = nn.Sequential(nn.GELU())  # built before the hook
+    with pytest.warns(UserWarning, match="different function"):
+        hooks.enable_quick_gelu(gelu=True)
+    found = hooks.unfused(model, ["quick_gelu"], gelu=True)
+    assert found == {"torch.nn.modules.activation.GELU": 1}
+    fusedops.replace_modules(model, ["quick_gelu"], gelu=True)
+    assert type(model[0]) is fusedops.nn.quick_gelu.GELUAsQuickGELU

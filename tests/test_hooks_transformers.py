@@ -59,7 +59,9 @@ def test_enable_quick_gelu_patches_class_and_tables_and_disable_restores():
     hooks.disable_quick_gelu()
     assert activations.QuickGELUActivation is ORIGINAL_QUICK_GELU
     assert _table_classes() == (ORIGINAL_QUICK_GELU, ORIGINAL_QUICK_GELU)
-    assert hooks.state()["quick_gelu"] == {"enabled": False, "patched": [], "waiting": []}
+    assert hooks.state()["quick_gelu"] == {
+        "enabled": False, "patched": [], "waiting": [], "unpatched": []
+    }  # fmt: skip
 
 
 class UserQuickGELU(nn.Module):

@@ -30,7 +30,7 @@ def _quick_gelu_class_locations(classes: Iterable[Any]) -> list[tuple[str, str]]
     return locations
 
 
-def _quick_gelu_targets(classes: Iterable[Any] = (), gelu: bool = False) -> list[Target]:
+def _quick_gelu_targets(classes: Iterable[Any] = (), gelu: bool = False, **_: Any) -> list[Target]:
     fused_subclass = lambda original: resolve("fusedops.nn.quick_gelu:fused_subclass")(original)
     targets = [Target(m, a, fused_subclass) for m, a in _quick_gelu_class_locations(classes)]
     if gelu:
@@ -93,7 +93,7 @@ _TORCH_NN_NORMALIZATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.mod
 def _norm_targets(fused: str) -> Callable[..., list[Target]]:
     attr = fused.rpartition(":")[2]
     make = lambda original: resolve(fused)
-    return lambda: [Target(module, attr, make) for module in _TORCH_NN_NORMALIZATION_MODULES]
+    return lambda **_: [Target(module, attr, make) for module in _TORCH_NN_NORMALIZATION_MODULES]
 
 
 def _norm_swap(fused: str) -> Callable[..., Any]:
@@ -146,7 +146,7 @@ for _name, _module, _attr, _fused in (
     register_hook(
         Hook(
             _name,
-            targets=lambda _module=_module, _attr=_attr, _fused=_fused: [
+            targets=lambda _module=_module, _attr=_attr, _fused=_fused, **_: [
                 Target(module, _attr, lambda original, _fused=_fused: resolve(_fused))
                 for module in ("torch.optim", _module)
             ],

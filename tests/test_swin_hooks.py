@@ -5,7 +5,6 @@ be imported here)."""
 import copy
 import sys
 import textwrap
-import warnings
 
 import pytest
 import torch
@@ -248,6 +247,8 @@ def test_hooked_swin_is_one_xla_program_per_direction():
 
 def test_unknown_code_shape_is_left_unpatched_with_a_warning(monkeypatch):
     class SwinLayer(torch.nn.Module):  # a transformers version whose layer fusedops does not know
+        __module__, __qualname__ = modeling_swin.__name__, "SwinLayer"
+
         def forward(self, hidden_states, dims, something_new=None):
             return hidden_states
 
@@ -256,6 +257,26 @@ def test_unknown_code_shape_is_left_unpatched_with_a_warning(monkeypatch):
         hooks.enable_fused_swin()
     assert modeling_swin.SwinLayer is SwinLayer
     assert modeling_swin.SwinAttention.__mro__[1] is ORIGINALS[(modeling_swin, "SwinAttention")]
+    state, report = hooks.state()["swin"], hooks.report()
+    layer = "transformers.models.swin.modeling_swin.SwinLayer"
+    assert layer not in state["patched"] and f"  patched {layer}" not in report
+    assert [entry.partition(":")[0] for entry in state["unpatched"]] == [layer]
+    assert f"left unpatched {layer}: its forward" in report
+    with pytest.warns(UserWarning, match="SwinLayer left unfused: its forward"):
+        assert hooks.machinery._get("swin").swap_for(SwinLayer) is None
+
+
+def test_a_name_bound_to_another_class_is_left_unpatched(monkeypatch):
+    """A model file may bind a listed name to a class of its own (transformers 4.x's
+    ``T5LayerNorm = FusedRMSNorm`` where apex is installed): not the class the list means."""
+
+    class FusedRMSNorm(torch.nn.Module):  # e.g. apex.normalization.FusedRMSNorm
+        pass
+
+    monkeypatch.setattr(modeling_swin, "SwinAttention", FusedRMSNorm)
+    with pytest.warns(UserWarning, match=f"SwinAttention left unpatched: it holds {__name__}"):
+        hooks.enable_fused_swin()
+    assert modeling_swin.SwinAttention is FusedRMSNorm
 
 
 def test_fusedops_hooks_env_patches_at_import(tmp_path):
@@ -469,13 +490,8 @@ def test_timm_shape_without_attn_method_is_refused():
         def forward(self, x):
             return x
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert (
-            swin.fused_or_original(SwinTransformerBlock, swin_timm.recognise)
-            is SwinTransformerBlock
-        )
-    assert "no _attn method" in str(caught[0].message)
+    reason = swin.fused_subclass(SwinTransformerBlock, swin_timm.recognise)
+    assert isinstance(reason, str) and "no _attn method" in reason
 
 
 # ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ anything else. Never imports torch, mmcv or fusedops' ops until a replacement ru
 from __future__ import annotations
 
 from fusedops.hooks import lib_torchvision  # noqa: F401  (defines the "nms" hook)
-from fusedops.hooks.machinery import Target, contribute, installed
+from fusedops.hooks.machinery import Target, contribute
 
 #: mmcv runs one soft-NMS over all classes below this many boxes (its default ``split_thr``).
 MMCV_SPLIT_THRESHOLD = 10000
@@ -85,8 +85,6 @@ def batched_nms_replacing(original):
 
 
 def _mmcv_targets(**_) -> list[Target]:
-    if not installed("mmcv"):
-        return []
     targets = []
     for module in ("mmcv.ops.nms", "mmcv.ops"):
         targets.append(Target(module, "nms", lambda original: nms))
@@ -95,4 +93,4 @@ def _mmcv_targets(**_) -> list[Target]:
     return targets
 
 
-contribute("nms", targets=_mmcv_targets)
+contribute("nms", targets=_mmcv_targets, package="mmcv")

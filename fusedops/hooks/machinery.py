@@ -9,13 +9,18 @@ LayerNorm`` in model code sees the fused class. Targets inside torch are patched
 whole ``torch`` package has imported.
 
 One hook may patch several libraries: the module of each library (``lib_<library>.py``) adds
-its targets and module swaps to the hook with ``contribute``. This module never imports torch;
-replacements are imported when a patch is applied.
+its targets and module swaps to the hook with ``contribute`` (for an installed library only). A
+list of classes is written once, as a ``ClassPatches``: the hook's targets and the module swap
+``replace_modules`` uses on built models. This module never imports torch; replacements are
+imported when a patch is applied.
 
-Never a silent no-op: ``report()`` / ``state()`` say what each hook patched and what waits for an
-import; a named target that does not exist warns; a hook with nothing to patch warns;
-``replace_modules`` counts (and, verbose, prints) what it swapped and ``unfused(model)`` lists the
-modules a hook knows that are not fused.
+Never a silent no-op: ``report()`` / ``state()`` say what each hook patched, what waits for an
+import and what it left unpatched (a ``make`` that raises ``Unpatched``: a class of a code shape
+fusedops does not know, a listed name bound to another class), with a warning; a named target
+that does not exist warns; a hook with nothing to patch warns; ``replace_modules`` counts (and,
+verbose, prints) what it swapped and ``unfused(model)`` lists the modules a hook knows that are
+not fused. A hook never fails the import it patches: a replacement that cannot be made is a
+warning naming the hook and the location.
 """
 
 from __future__ import annotations
@@ -141,6 +146,64 @@ class Hook:
             if fused is not None:
                 return fused
         return None
+
+
+@dataclass(frozen=True)
+class ClassPatches:
+    """One list of classes as a hook's targets and its module swap (``targets`` / ``swap``).
+
+    classes: ``{(module, qualname): make}``, each class named by the module that defines it;
+    ``make(original)`` returns the fused class or raises ``Unpatched``.
+    importers: ``{(module, qualname): (modules...)}``: modules that import the class by name,
+    patched too (a module imported before the hook was enabled keeps its own reference).
+    optional: a missing class is skipped without a warning (one some versions lack).
+    check_origin: a location must hold the class defined there (its ``__module__`` and
+    ``__qualname__``); a name bound to another class (transformers 4.x's ``T5LayerNorm =
+    FusedRMSNorm`` where apex is installed) is left unpatched with a warning. Off for classes
+    a user names, which may be re-exported.
+
+    ``swap(cls)`` is the fused class for a module of exactly a listed class (not a subclass;
+    None for one already fused, or one ``make`` refuses, with a warning).
+    """
+
+    classes: dict[tuple[str, str], Callable[[type], type]]
+    importers: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    optional: bool = False
+    check_origin: bool = True
+
+    def targets(self, **_: Any) -> list[Target]:
+        """One target per listed class, then one per module importing it."""
+        found = []
+        for (module, qualname), make in self.classes.items():
+            checked = self._checked(module, qualname, make)
+            found.append(Target(module, qualname, checked, optional=self.optional))
+            for importer in self.importers.get((module, qualname), ()):
+                found.append(Target(importer, qualname, checked, optional=True))
+        return found
+
+    def swap(self, cls: type, **_: Any) -> Any:
+        """The fused class for a module of class ``cls``, or None."""
+        make = self.classes.get((cls.__module__, cls.__qualname__))
+        if make is None or cls.__dict__.get("_fusedops_fused", False):
+            return None
+        try:
+            fused = make(cls)
+        except Unpatched as reason:
+            warnings.warn(f"fusedops: {_qualified(cls)} left unfused: {reason}", stacklevel=4)
+            return None
+        return None if fused is cls else fused
+
+    def _checked(self, module: str, qualname: str, make: Callable) -> Callable:
+        if not self.check_origin:
+            return make
+
+        def checked(original):
+            found = (getattr(original, "__module__", None), getattr(original, "__qualname__", None))
+            if found != (module, qualname):
+                raise Unpatched(f"it holds {found[0]}.{found[1]}, not the class {module} defines")
+            return make(original)
+
+        return checked
 
 
 _HOOKS: dict[str, Hook] = {}

@@ -1,5 +1,6 @@
 """The hooks machinery: patching, restoring, import-time patching, FUSEDOPS_HOOKS, swaps."""
 
+import functools
 import sys
 import textwrap
 import threading
@@ -305,3 +306,35 @@ def test_replace_modules_swaps_torch_gelu_while_the_gelu_hook_is_on():
     assert found == {"torch.nn.modules.activation.GELU": 1}
     fusedops.replace_modules(model, ["quick_gelu"], gelu=True)
     assert type(model[0]) is fusedops.nn.quick_gelu.GELUAsQuickGELU
+
+
+def _accelerate_style_hook(module, calls):
+    """What accelerate's add_hook_to_module does: the bound forward kept as ``_old_forward``,
+    a wrapper calling it set as the instance's ``forward``."""
+    old_forward = module.forward
+    module._old_forward = old_forward
+
+    def new_forward(module, *args, **kwargs):
+        calls.append(type(module).__name__)
+        return module._old_forward(*args, **kwargs)
+
+    module.forward = functools.update_wrapper(functools.partial(new_forward, module), old_forward)
+
+
+def test_replace_modules_reroutes_an_accelerate_style_instance_forward():
+    calls = []
+    model = nn.Sequential(nn.LayerNorm(8), nn.LayerNorm(8))
+    _accelerate_style_hook(model[0], calls)
+    model[1].forward = lambda x: x  # an instance forward fusedops cannot see through
+    x = random_tensor((3, 8))
+    expected = model[0](x)
+    counts = {}
+    with pytest.warns(UserWarning, match="LayerNorm module left unfused: its forward is set"):
+        fusedops.replace_modules(model, ["layer_norm"], counts=counts)
+    assert counts == {"torch.nn.modules.normalization.LayerNorm": 1}
+    assert type(model[0]) is fusedops.nn.LayerNorm and type(model[1]) is nn.LayerNorm
+    fusedops.dispatch.last_used.pop("layer_norm", None)
+    assert_close(model[0](x), expected.double())
+    assert "layer_norm" in fusedops.dispatch.last_used  # the wrapper now runs the fused forward
+    assert calls == ["LayerNorm", "LayerNorm"]
+    assert hooks.unfused(model, ["layer_norm"]) == {"torch.nn.modules.normalization.LayerNorm": 1}

@@ -32,6 +32,7 @@ import importlib.util
 import logging
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -562,6 +563,10 @@ def replace_modules(
     registered hooks and the optimizer's references stay as they are). ``hooks`` names the
     hooks whose swaps apply (default: all); ``options`` go to each hook (e.g. ``classes=`` and
     ``gelu=True`` for quick_gelu). Returns ``model`` (``model = replace_modules(model)`` works).
+    A module whose ``forward`` is set on the instance (accelerate's hooks: a wrapper calling
+    the class's forward bound as ``_old_forward``) gets that bound forward rebound to the fused
+    class's; any other instance-level forward leaves the module as it is, with a warning (not
+    counted; ``unfused`` lists it).
 
     How many modules of each class were swapped (``{"module.Class": n}``, the class before the
     swap) is logged on the ``fusedops.hooks`` logger at INFO, printed when ``verbose``, and
@@ -574,8 +579,8 @@ def replace_modules(
             fused = hook.swap_for(type(module), **options)
             if fused is not None:
                 name = _qualified(type(module))
-                swapped[name] = swapped.get(name, 0) + 1
-                module.__class__ = fused
+                if _swap_class(module, fused):
+                    swapped[name] = swapped.get(name, 0) + 1
                 break
     summary = ", ".join(f"{n} x {name}" for name, n in sorted(swapped.items())) or "nothing"
     _log.info("replace_modules swapped %s", summary)
@@ -585,6 +590,27 @@ def replace_modules(
         for name, n in swapped.items():
             counts[name] = counts.get(name, 0) + n
     return model
+
+
+def _swap_class(module, fused: type) -> bool:
+    """``module.__class__ = fused``, keeping a forward set on the instance on the fused code;
+    False (and a warning, the module unchanged) where that cannot be done."""
+    original = type(module)
+    if "forward" in module.__dict__ and fused.forward is not original.forward:
+        bound = module.__dict__.get("_old_forward")
+        if getattr(bound, "__self__", None) is not module or (
+            getattr(bound, "__func__", None) is not original.forward
+        ):
+            warnings.warn(
+                f"fusedops.replace_modules: a {_qualified(original)} module left unfused: its "
+                "forward is set on the instance (not as accelerate's hooks set it, over the "
+                "class's forward bound as _old_forward), so a fused class would not run",
+                stacklevel=3,
+            )
+            return False
+        module._old_forward = types.MethodType(fused.forward, module)
+    module.__class__ = fused
+    return True
 
 
 def unfused(model, hooks: Iterable[str] | None = None, **options: Any) -> dict[str, int]:

@@ -1,6 +1,8 @@
 """The hooks machinery: patching, restoring, import-time patching, FUSEDOPS_HOOKS, swaps."""
 
+import copy
 import functools
+import pickle
 import sys
 import textwrap
 import threading
@@ -338,3 +340,20 @@ def test_replace_modules_reroutes_an_accelerate_style_instance_forward():
     assert "layer_norm" in fusedops.dispatch.last_used  # the wrapper now runs the fused forward
     assert calls == ["LayerNorm", "LayerNorm"]
     assert hooks.unfused(model, ["layer_norm"]) == {"torch.nn.modules.normalization.LayerNorm": 1}
+
+
+def test_fused_subclasses_pickle_and_deep_copy_as_themselves():
+    class LocalQuickGELU(ORIGINAL):  # not reachable by name: deep-copies, as before
+        pass
+
+    model = nn.Sequential(ORIGINAL(), LocalQuickGELU())
+    fusedops.replace_modules(model, ["quick_gelu"], classes=[ORIGINAL, LocalQuickGELU])
+    fused, local = type(model[0]), type(model[1])
+    assert fused.__mro__[1] is ORIGINAL and local.__mro__[1] is LocalQuickGELU
+    copied = copy.deepcopy(model)
+    assert (type(copied[0]), type(copied[1])) == (fused, local)
+    assert type(pickle.loads(pickle.dumps(model[0]))) is fused
+    with hooks.patched("quick_gelu", classes=[ORIGINAL]):  # the name shows the fused class
+        assert _current() is fused
+        data = pickle.dumps(model[0])
+    assert type(pickle.loads(data)) is fused

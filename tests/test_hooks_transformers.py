@@ -3,6 +3,7 @@ QuickGELU (a stand-in package), report(), replace_modules' counts, and FUSEDOPS_
 Hugging Face models built from tiny configs (no downloads)."""
 
 import copy
+import io
 import json
 import textwrap
 import warnings
@@ -517,3 +518,28 @@ def test_report_counts_and_lists(monkeypatch):
     assert all(f"waiting {w}" in hooks.report(verbose=True) for w in waiting)
     assert f"{len(state['patched'])} patched, {len(waiting)} waiting for import" in text
     assert fusedops.hooks.report is hooks.report
+
+
+@pytest.mark.parametrize("how", ["replace_modules", "built under the hook", "hook still on"])
+def test_fused_llama_pickles_and_deep_copies_as_itself(how):
+    """torch.save(model) of a model with fused subclasses (which keep the original's module and
+    name) loads back with the same fused classes, as copy.deepcopy does."""
+    torch.manual_seed(0)
+    if how == "replace_modules":
+        model, inputs = _tiny_llama()
+        hooks.replace_modules(model, ["rms_norm"])
+    else:
+        hooks.enable_fused_rms_norm()
+        model, inputs = _tiny_llama()
+        if how == "built under the hook":
+            hooks.disable_fused_rms_norm()
+    norm = type(model.model.norm)
+    assert norm.__dict__.get("_fusedops_fused") and norm.__name__ == "LlamaRMSNorm"
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    hooks.disable_fused_rms_norm()
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded.model.norm) is norm and type(copy.deepcopy(model).model.norm) is norm
+    assert hooks.unfused(loaded) == {}
+    assert_close(_output(loaded, inputs), _output(model, inputs).double())

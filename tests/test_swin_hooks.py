@@ -499,7 +499,7 @@ def test_timm_shape_without_attn_method_is_refused():
 # SwinAttention, head_mask / output_attentions arguments, tuple outputs), as stand-in classes.
 
 
-def _transformers4_swin_classes():
+def _transformers4_swin_classes(mask_takes_device=True):
     from torch import nn
 
     class SwinSelfAttention(nn.Module):
@@ -562,8 +562,13 @@ def _transformers4_swin_classes():
 
     class SwinLayer(nn.Module):
         set_shift_and_window_size = modeling_swin.SwinLayer.set_shift_and_window_size
-        get_attn_mask = modeling_swin.SwinLayer.get_attn_mask
         maybe_pad = modeling_swin.SwinLayer.maybe_pad
+        if mask_takes_device:
+            get_attn_mask = modeling_swin.SwinLayer.get_attn_mask
+        else:  # early 4.x: get_attn_mask(height, width, dtype), moved to the device after
+
+            def get_attn_mask(self, height, width, dtype):
+                return modeling_swin.SwinLayer.get_attn_mask(self, height, width, dtype, "cpu")
 
         def __init__(self, dim, heads, window, shift):
             super().__init__()
@@ -593,9 +598,12 @@ def _transformers4_swin_classes():
                 hidden_states = torch.roll(hidden_states, shifts=shift, dims=(1, 2))
             windows = modeling_swin.window_partition(hidden_states, self.window_size)
             windows = windows.view(-1, self.window_size * self.window_size, channels)
-            mask = self.get_attn_mask(
-                height_pad, width_pad, dtype=windows.dtype, device=windows.device
-            )
+            if mask_takes_device:
+                mask = self.get_attn_mask(
+                    height_pad, width_pad, dtype=windows.dtype, device=windows.device
+                )
+            else:
+                mask = self.get_attn_mask(height_pad, width_pad, windows.dtype).to(windows.device)
             outputs = self.attention(windows, mask, head_mask, output_attentions=output_attentions)
             windows = outputs[0].view(-1, self.window_size, self.window_size, channels)
             shifted = modeling_swin.window_reverse(windows, self.window_size, height_pad, width_pad)
@@ -612,11 +620,15 @@ def _transformers4_swin_classes():
     return SwinLayer, SwinAttention
 
 
-@pytest.mark.parametrize("use_head_mask", [False, True], ids=["fused", "head_mask"])
-def test_transformers_4x_code_shape(use_head_mask):
+@pytest.mark.parametrize(
+    ("use_head_mask", "mask_takes_device"),
+    [(False, True), (True, True), (False, False)],
+    ids=["fused", "head_mask", "get_attn_mask-without-device"],
+)
+def test_transformers_4x_code_shape(use_head_mask, mask_takes_device):
     from fusedops.nn import swin, swin_transformers
 
-    layer_class, attention_class = _transformers4_swin_classes()
+    layer_class, attention_class = _transformers4_swin_classes(mask_takes_device)
     torch.manual_seed(0)
     ref = layer_class(16, 2, 4, 2)
     layer = copy.deepcopy(ref)
@@ -640,3 +652,14 @@ def test_transformers_4x_code_shape(use_head_mask):
     for name, p in layer.named_parameters():
         assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
     assert len(layer(x, (9, 9))) == 1  # no attentions asked: a 1-tuple, as 4.x returns
+
+
+def test_a_layer_whose_get_attn_mask_takes_other_arguments_is_refused():
+    from fusedops.nn import swin_transformers
+
+    class SwinLayer(modeling_swin.SwinLayer):
+        def get_attn_mask(self, shape, dtype, device):  # a signature fusedops does not know
+            return None
+
+    reason = swin_transformers.recognise(SwinLayer)
+    assert isinstance(reason, str) and "get_attn_mask('shape', 'dtype', 'device')" in reason

@@ -108,22 +108,26 @@ def disable_quick_gelu() -> None:
     disable("quick_gelu")
 
 
-# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch exposes them.
+# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch holds them by
+# name (torch.nn.modules.transformer imports LayerNorm: its encoder/decoder layers build it).
 
 _NORMALIZATION = "torch.nn.modules.normalization"
 
-for _name, _attr in (("layer_norm", "LayerNorm"), ("rms_norm", "RMSNorm")):
+for _name, _attr, _importers in (
+    ("layer_norm", "LayerNorm", ("torch.nn", "torch.nn.modules", "torch.nn.modules.transformer")),
+    ("rms_norm", "RMSNorm", ("torch.nn", "torch.nn.modules")),
+):
     _patches = ClassPatches(
         {(_NORMALIZATION, _attr): _replaced_by(f"fusedops.nn.layer_norm:{_attr}")},
-        importers={(_NORMALIZATION, _attr): ("torch.nn", "torch.nn.modules")},
+        importers={(_NORMALIZATION, _attr): _importers},
     )
     register_hook(Hook(_name, targets=_patches.targets, module_swap=_patches.swap))
 
 
 def enable_fused_layer_norm() -> None:
-    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules and
-    torch.nn.modules.normalization) by ``fusedops.nn.LayerNorm``; before ``import torch``, on
-    import."""
+    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules,
+    torch.nn.modules.normalization and torch.nn.modules.transformer) by
+    ``fusedops.nn.LayerNorm``; before ``import torch``, on import."""
     enable("layer_norm")
 
 

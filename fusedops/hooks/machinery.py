@@ -430,7 +430,12 @@ def _enable(name: str, options: dict, check_importable: bool) -> None:
 
 
 def disable(name: str) -> None:
-    """Restore every attribute hook ``name`` patched (idempotent)."""
+    """Restore every attribute hook ``name`` patched (idempotent).
+
+    Only the patched locations are restored: what captured a replacement while the hook was
+    on keeps it (modules already built, a class used as a default argument, a subclass defined
+    then, a ``functools.partial``, ``from torch.nn import LayerNorm`` in a module imported
+    then)."""
     with _lock:
         hook = _get(name)
         for patch in reversed(hook.applied):

@@ -294,3 +294,25 @@ def test_mmcv_replacements_take_numpy_arrays():
     dets, inds = lib_mmcv.soft_nms(boxes.numpy(), scores.numpy(), method="naive")
     want_dets, want = fusedops.soft_nms(boxes, scores, method="naive")
     assert inds.tolist() == want.tolist() and np.allclose(dets, want_dets.numpy())
+
+
+def test_mmcv_adapters_take_mmcvs_deprecated_iou_thr():
+    boxes, scores = _boxes()
+    deprecated = '"iou_thr" is deprecated in `nms`, please use "iou_threshold" instead'
+    with pytest.warns(UserWarning, match=deprecated):
+        _, inds = lib_mmcv.nms(boxes, scores, iou_thr=0.3)
+    assert inds.tolist() == lib_mmcv.nms(boxes, scores, 0.3)[1].tolist()
+    with pytest.warns(UserWarning, match="deprecated in `soft_nms`"):
+        _, soft = lib_mmcv.soft_nms(boxes, scores, iou_thr=0.5, method="naive")
+    assert soft.tolist() == lib_mmcv.soft_nms(boxes, scores, 0.5, method="naive")[1].tolist()
+    replaced = lib_mmcv.batched_nms_replacing(lambda *args: None)
+    idxs = torch.zeros(60, dtype=torch.int64)
+    with pytest.warns(UserWarning, match="deprecated in `nms`"):
+        _, keep = replaced(boxes, scores, idxs, {"iou_thr": 0.5})
+    assert keep.tolist() == fusedops.nms(boxes, scores, 0.5).tolist()
+    with pytest.raises(TypeError, match="both iou_thr and iou_threshold"):
+        lib_mmcv.nms(boxes, scores, 0.3, iou_thr=0.3)
+    with pytest.raises(TypeError, match="missing iou_threshold"):
+        lib_mmcv.nms(boxes, scores)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sigma'"):
+        lib_mmcv.nms(boxes, scores, 0.3, sigma=0.5)

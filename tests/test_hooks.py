@@ -6,6 +6,7 @@ import pickle
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -357,3 +358,14 @@ def test_fused_subclasses_pickle_and_deep_copy_as_themselves():
         assert _current() is fused
         data = pickle.dumps(model[0])
     assert type(pickle.loads(data)) is fused
+
+
+def test_the_demo_enables_the_hooks_with_something_to_patch_quietly(monkeypatch):
+    from fusedops import demo
+
+    monkeypatch.setattr(hooks.machinery, "installed", lambda package: package == "transformers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "nothing to patch" for nms / a library not installed
+        demo._enable_all_hooks()
+    assert "nms" not in hooks.enabled() and "layer_norm" in hooks.enabled()
+    assert "_fusedops_fused" in demo.QuickGELU.__dict__

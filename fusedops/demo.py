@@ -112,11 +112,11 @@ class TinyViT(nn.Module):
 
 
 def _enable_all_hooks() -> None:
+    """Every hook with something to patch here (``FUSEDOPS_HOOKS=all``: none for libraries that
+    are not installed), quick_gelu with this module's QuickGELU as well."""
     from fusedops import hooks
 
-    for name in hooks.available():
-        options = {"classes": [f"{__name__}.QuickGELU"]} if name == "quick_gelu" else {}
-        hooks.enable(name, **options)
+    hooks.enable_from_spec(f"all,quick_gelu:{__name__}.QuickGELU")
 
 
 def run_config(config: str, steps: int, batch: int, device: str) -> dict:

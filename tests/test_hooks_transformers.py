@@ -3,6 +3,7 @@ QuickGELU (a stand-in package), report(), replace_modules' counts, and FUSEDOPS_
 Hugging Face models built from tiny configs (no downloads)."""
 
 import copy
+import io
 import json
 import textwrap
 import warnings
@@ -14,7 +15,7 @@ from torch import nn
 
 import fusedops
 from fusedops import hooks
-from fusedops.hooks import lib_open_clip, lib_transformers
+from fusedops.hooks import lib_transformers
 from fusedops.testing import assert_close, random_tensor, run_python
 
 transformers = pytest.importorskip("transformers")
@@ -59,7 +60,9 @@ def test_enable_quick_gelu_patches_class_and_tables_and_disable_restores():
     hooks.disable_quick_gelu()
     assert activations.QuickGELUActivation is ORIGINAL_QUICK_GELU
     assert _table_classes() == (ORIGINAL_QUICK_GELU, ORIGINAL_QUICK_GELU)
-    assert hooks.state()["quick_gelu"] == {"enabled": False, "patched": [], "waiting": []}
+    assert hooks.state()["quick_gelu"] == {
+        "enabled": False, "patched": [], "waiting": [], "unpatched": []
+    }  # fmt: skip
 
 
 class UserQuickGELU(nn.Module):
@@ -81,13 +84,59 @@ def test_a_named_target_that_does_not_exist_warns():
 
 
 def test_without_the_libraries_quick_gelu_has_nothing_to_patch(monkeypatch):
-    monkeypatch.setattr(lib_transformers, "_installed", lambda: False)
-    monkeypatch.setattr(lib_open_clip, "_installed", lambda: False)
+    monkeypatch.setattr(hooks.machinery, "installed", lambda package: False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "quick_gelu" not in hooks.enable_from_spec("all")  # all: skipped, quietly
     with pytest.warns(UserWarning, match="'quick_gelu' has nothing to patch"):
         hooks.enable_quick_gelu()
+
+
+def test_listed_rms_norms_of_another_code_or_class_are_left_unpatched(monkeypatch):
+    """The RMSNorm list is static: a listed name bound to another class (transformers 4.x's
+    ``T5LayerNorm = FusedRMSNorm`` where apex is installed) or a listed class whose forward is
+    not its variant's code (another transformers version) stays as it is, with a warning."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.t5 import modeling_t5
+
+    llama = modeling_llama.LlamaRMSNorm
+
+    class LlamaRMSNorm(llama):  # another version's math, at the listed name
+        __module__, __qualname__ = modeling_llama.__name__, "LlamaRMSNorm"
+
+        def forward(self, hidden_states):
+            return self.weight * hidden_states
+
+    class FusedRMSNorm(nn.Module):  # apex's, bound to the listed name
+        pass
+
+    monkeypatch.setattr(modeling_llama, "LlamaRMSNorm", LlamaRMSNorm)
+    monkeypatch.setattr(modeling_t5, "T5LayerNorm", FusedRMSNorm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hooks.enable_fused_rms_norm()
+    messages = "\n".join(str(w.message) for w in caught)
+    assert "LlamaRMSNorm left unpatched: its forward is not the code of the 'llama'" in messages
+    assert f"T5LayerNorm left unpatched: it holds {__name__}" in messages
+    assert modeling_llama.LlamaRMSNorm is LlamaRMSNorm and modeling_t5.T5LayerNorm is FusedRMSNorm
+    assert len(hooks.state()["rms_norm"]["unpatched"]) == 2
+    model = nn.Sequential(LlamaRMSNorm(8))
+    with pytest.warns(UserWarning, match="LlamaRMSNorm left unfused: its forward"):
+        assert hooks.replace_modules(model, ["rms_norm"]) and type(model[0]) is LlamaRMSNorm
+    # the check reads code, not text: a docstring does not count, another variant does
+    assert lib_transformers.rms_norm_code_mismatch(llama, "llama") is None
+    assert lib_transformers.rms_norm_code_mismatch(llama, "fp32_weight") is not None
+
+    class Documented(llama):
+        def forward(self, hidden_states):
+            """With a docstring."""
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    assert lib_transformers.rms_norm_code_mismatch(Documented, "llama") is None
 
 
 def _tiny_clip_vision():
@@ -469,3 +518,28 @@ def test_report_counts_and_lists(monkeypatch):
     assert all(f"waiting {w}" in hooks.report(verbose=True) for w in waiting)
     assert f"{len(state['patched'])} patched, {len(waiting)} waiting for import" in text
     assert fusedops.hooks.report is hooks.report
+
+
+@pytest.mark.parametrize("how", ["replace_modules", "built under the hook", "hook still on"])
+def test_fused_llama_pickles_and_deep_copies_as_itself(how):
+    """torch.save(model) of a model with fused subclasses (which keep the original's module and
+    name) loads back with the same fused classes, as copy.deepcopy does."""
+    torch.manual_seed(0)
+    if how == "replace_modules":
+        model, inputs = _tiny_llama()
+        hooks.replace_modules(model, ["rms_norm"])
+    else:
+        hooks.enable_fused_rms_norm()
+        model, inputs = _tiny_llama()
+        if how == "built under the hook":
+            hooks.disable_fused_rms_norm()
+    norm = type(model.model.norm)
+    assert norm.__dict__.get("_fusedops_fused") and norm.__name__ == "LlamaRMSNorm"
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    hooks.disable_fused_rms_norm()
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded.model.norm) is norm and type(copy.deepcopy(model).model.norm) is norm
+    assert hooks.unfused(loaded) == {}
+    assert_close(_output(loaded, inputs), _output(model, inputs).double())

@@ -1,6 +1,7 @@
 """fusedops.nn.LayerNorm / RMSNorm and the layer_norm / rms_norm hooks."""
 
 import io
+import sys
 import textwrap
 from pathlib import Path
 
@@ -190,3 +191,26 @@ def test_fusedops_hooks_env_shows_the_fused_class(tmp_path):
     assert "torch.nn.modules.normalization.RMSNorm" in out
     out = _python(code, tmp_path, FUSEDOPS_HOOKS="all")
     assert "fusedops.nn.layer_norm.LayerNorm" in out and "fusedops.nn.layer_norm.RMSNorm" in out
+
+
+@pytest.mark.parametrize(
+    ("hook", "original"), [("layer_norm", TORCH_LAYER_NORM), ("rms_norm", TORCH_RMS_NORM)]
+)
+def test_every_torch_module_holding_the_class_by_name_is_patched(hook, original):
+    """torch.nn.modules.transformer imports LayerNorm by name while torch imports: its encoder
+    and decoder layers build the fused class too, and disable restores it there."""
+    name = original.__name__
+    holders = {
+        module_name
+        for module_name, module in list(sys.modules.items())
+        if module_name.split(".")[0] == "torch" and vars(module).get(name) is original
+    }
+    assert hook != "layer_norm" or "torch.nn.modules.transformer" in holders
+    hooks.enable(hook)
+    patched = {p for p in hooks.state()[hook]["patched"] if p.split(".")[0] == "torch"}
+    assert patched == {f"{module_name}.{name}" for module_name in holders}
+    if hook == "layer_norm":
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32)
+        assert type(layer.norm1) is type(layer.norm2) is fusedops.nn.LayerNorm
+    hooks.disable(hook)
+    assert all(vars(sys.modules[module_name])[name] is original for module_name in holders)

@@ -16,7 +16,7 @@ import torch
 
 import fusedops
 from fusedops import hooks
-from fusedops.hooks import lib_mmcv, lib_torchvision
+from fusedops.hooks import lib_mmcv
 from fusedops.testing import run_python
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -229,14 +229,12 @@ def test_fusedops_hooks_env_enables_the_nms_hook(tmp_path):
 
 
 def test_enable_warns_when_neither_library_is_installed(monkeypatch):
-    monkeypatch.setattr(lib_torchvision, "installed", lambda package: False)
-    monkeypatch.setattr(lib_mmcv, "installed", lambda package: False)
+    monkeypatch.setattr(hooks.machinery, "installed", lambda package: False)
     with pytest.warns(UserWarning, match="neither torchvision nor mmcv is installed"):
         hooks.enable_fused_nms()
     assert hooks.enabled() == ["nms"]
     hooks.disable_fused_nms()
     assert hooks.enabled() == []
-    monkeypatch.setattr(lib_mmcv, "installed", lambda package: package == "mmcv")
     monkeypatch.setattr(hooks.machinery, "installed", lambda package: package == "mmcv")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -296,3 +294,25 @@ def test_mmcv_replacements_take_numpy_arrays():
     dets, inds = lib_mmcv.soft_nms(boxes.numpy(), scores.numpy(), method="naive")
     want_dets, want = fusedops.soft_nms(boxes, scores, method="naive")
     assert inds.tolist() == want.tolist() and np.allclose(dets, want_dets.numpy())
+
+
+def test_mmcv_adapters_take_mmcvs_deprecated_iou_thr():
+    boxes, scores = _boxes()
+    deprecated = '"iou_thr" is deprecated in `nms`, please use "iou_threshold" instead'
+    with pytest.warns(UserWarning, match=deprecated):
+        _, inds = lib_mmcv.nms(boxes, scores, iou_thr=0.3)
+    assert inds.tolist() == lib_mmcv.nms(boxes, scores, 0.3)[1].tolist()
+    with pytest.warns(UserWarning, match="deprecated in `soft_nms`"):
+        _, soft = lib_mmcv.soft_nms(boxes, scores, iou_thr=0.5, method="naive")
+    assert soft.tolist() == lib_mmcv.soft_nms(boxes, scores, 0.5, method="naive")[1].tolist()
+    replaced = lib_mmcv.batched_nms_replacing(lambda *args: None)
+    idxs = torch.zeros(60, dtype=torch.int64)
+    with pytest.warns(UserWarning, match="deprecated in `nms`"):
+        _, keep = replaced(boxes, scores, idxs, {"iou_thr": 0.5})
+    assert keep.tolist() == fusedops.nms(boxes, scores, 0.5).tolist()
+    with pytest.raises(TypeError, match="both iou_thr and iou_threshold"):
+        lib_mmcv.nms(boxes, scores, 0.3, iou_thr=0.3)
+    with pytest.raises(TypeError, match="missing iou_threshold"):
+        lib_mmcv.nms(boxes, scores)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sigma'"):
+        lib_mmcv.nms(boxes, scores, 0.3, sigma=0.5)

@@ -5,7 +5,6 @@ be imported here)."""
 import copy
 import sys
 import textwrap
-import warnings
 
 import pytest
 import torch
@@ -130,6 +129,25 @@ def test_without_attention_weights_the_hook_runs_the_flash_window_attention(v2):
         assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
 
 
+@pytest.mark.parametrize("route", ["config", "kwarg"])
+def test_attentions_asked_for_by_config_or_argument_are_returned(route):
+    """transformers 5.x records attentions when ``output_attentions`` is passed or set in the
+    config (without passing the config's value down): the fused attention returns the weights
+    either way (head dim 16, where the flash path would otherwise run)."""
+    overrides = dict(image_size=16, embed_dim=32, depths=[2], num_heads=[2])
+    config = _config(attn_implementation="eager", output_attentions=route == "config", **overrides)
+    ref = _build(transformers.SwinForImageClassification, config)
+    model = fusedops.replace_modules(copy.deepcopy(ref), hooks=["swin"])
+    images = random_tensor((2, 3, 16, 16))
+    kwargs = {"output_attentions": True} if route == "kwarg" else {}
+    out, expected = model(images, **kwargs), ref(images, **kwargs)
+    assert len(out.attentions) == len(expected.attentions) == 1
+    assert_close(out.attentions[0], expected.attentions[0], dtype=torch.float32, scale=4.0)
+    assert_close(out.logits, expected.logits, dtype=torch.float32, scale=4.0)
+    if route == "config":  # asked not to return them: the flash path, no weights
+        assert model(images, output_attentions=False).attentions is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 def test_hooked_model_on_gpu_matches_the_original(autocast):
@@ -229,6 +247,8 @@ def test_hooked_swin_is_one_xla_program_per_direction():
 
 def test_unknown_code_shape_is_left_unpatched_with_a_warning(monkeypatch):
     class SwinLayer(torch.nn.Module):  # a transformers version whose layer fusedops does not know
+        __module__, __qualname__ = modeling_swin.__name__, "SwinLayer"
+
         def forward(self, hidden_states, dims, something_new=None):
             return hidden_states
 
@@ -237,6 +257,26 @@ def test_unknown_code_shape_is_left_unpatched_with_a_warning(monkeypatch):
         hooks.enable_fused_swin()
     assert modeling_swin.SwinLayer is SwinLayer
     assert modeling_swin.SwinAttention.__mro__[1] is ORIGINALS[(modeling_swin, "SwinAttention")]
+    state, report = hooks.state()["swin"], hooks.report()
+    layer = "transformers.models.swin.modeling_swin.SwinLayer"
+    assert layer not in state["patched"] and f"  patched {layer}" not in report
+    assert [entry.partition(":")[0] for entry in state["unpatched"]] == [layer]
+    assert f"left unpatched {layer}: its forward" in report
+    with pytest.warns(UserWarning, match="SwinLayer left unfused: its forward"):
+        assert hooks.machinery._get("swin").swap_for(SwinLayer) is None
+
+
+def test_a_name_bound_to_another_class_is_left_unpatched(monkeypatch):
+    """A model file may bind a listed name to a class of its own (transformers 4.x's
+    ``T5LayerNorm = FusedRMSNorm`` where apex is installed): not the class the list means."""
+
+    class FusedRMSNorm(torch.nn.Module):  # e.g. apex.normalization.FusedRMSNorm
+        pass
+
+    monkeypatch.setattr(modeling_swin, "SwinAttention", FusedRMSNorm)
+    with pytest.warns(UserWarning, match=f"SwinAttention left unpatched: it holds {__name__}"):
+        hooks.enable_fused_swin()
+    assert modeling_swin.SwinAttention is FusedRMSNorm
 
 
 def test_fusedops_hooks_env_patches_at_import(tmp_path):
@@ -450,13 +490,8 @@ def test_timm_shape_without_attn_method_is_refused():
         def forward(self, x):
             return x
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert (
-            swin.fused_or_original(SwinTransformerBlock, swin_timm.recognise)
-            is SwinTransformerBlock
-        )
-    assert "no _attn method" in str(caught[0].message)
+    reason = swin.fused_subclass(SwinTransformerBlock, swin_timm.recognise)
+    assert isinstance(reason, str) and "no _attn method" in reason
 
 
 # ------------------------------------------------------------------------------------------
@@ -464,7 +499,7 @@ def test_timm_shape_without_attn_method_is_refused():
 # SwinAttention, head_mask / output_attentions arguments, tuple outputs), as stand-in classes.
 
 
-def _transformers4_swin_classes():
+def _transformers4_swin_classes(mask_takes_device=True):
     from torch import nn
 
     class SwinSelfAttention(nn.Module):
@@ -527,8 +562,13 @@ def _transformers4_swin_classes():
 
     class SwinLayer(nn.Module):
         set_shift_and_window_size = modeling_swin.SwinLayer.set_shift_and_window_size
-        get_attn_mask = modeling_swin.SwinLayer.get_attn_mask
         maybe_pad = modeling_swin.SwinLayer.maybe_pad
+        if mask_takes_device:
+            get_attn_mask = modeling_swin.SwinLayer.get_attn_mask
+        else:  # early 4.x: get_attn_mask(height, width, dtype), moved to the device after
+
+            def get_attn_mask(self, height, width, dtype):
+                return modeling_swin.SwinLayer.get_attn_mask(self, height, width, dtype, "cpu")
 
         def __init__(self, dim, heads, window, shift):
             super().__init__()
@@ -558,9 +598,12 @@ def _transformers4_swin_classes():
                 hidden_states = torch.roll(hidden_states, shifts=shift, dims=(1, 2))
             windows = modeling_swin.window_partition(hidden_states, self.window_size)
             windows = windows.view(-1, self.window_size * self.window_size, channels)
-            mask = self.get_attn_mask(
-                height_pad, width_pad, dtype=windows.dtype, device=windows.device
-            )
+            if mask_takes_device:
+                mask = self.get_attn_mask(
+                    height_pad, width_pad, dtype=windows.dtype, device=windows.device
+                )
+            else:
+                mask = self.get_attn_mask(height_pad, width_pad, windows.dtype).to(windows.device)
             outputs = self.attention(windows, mask, head_mask, output_attentions=output_attentions)
             windows = outputs[0].view(-1, self.window_size, self.window_size, channels)
             shifted = modeling_swin.window_reverse(windows, self.window_size, height_pad, width_pad)
@@ -577,11 +620,15 @@ def _transformers4_swin_classes():
     return SwinLayer, SwinAttention
 
 
-@pytest.mark.parametrize("use_head_mask", [False, True], ids=["fused", "head_mask"])
-def test_transformers_4x_code_shape(use_head_mask):
+@pytest.mark.parametrize(
+    ("use_head_mask", "mask_takes_device"),
+    [(False, True), (True, True), (False, False)],
+    ids=["fused", "head_mask", "get_attn_mask-without-device"],
+)
+def test_transformers_4x_code_shape(use_head_mask, mask_takes_device):
     from fusedops.nn import swin, swin_transformers
 
-    layer_class, attention_class = _transformers4_swin_classes()
+    layer_class, attention_class = _transformers4_swin_classes(mask_takes_device)
     torch.manual_seed(0)
     ref = layer_class(16, 2, 4, 2)
     layer = copy.deepcopy(ref)
@@ -605,3 +652,14 @@ def test_transformers_4x_code_shape(use_head_mask):
     for name, p in layer.named_parameters():
         assert_close(p.grad, want[name].grad, dtype=torch.float32, scale=16.0, msg=name)
     assert len(layer(x, (9, 9))) == 1  # no attentions asked: a 1-tuple, as 4.x returns
+
+
+def test_a_layer_whose_get_attn_mask_takes_other_arguments_is_refused():
+    from fusedops.nn import swin_transformers
+
+    class SwinLayer(modeling_swin.SwinLayer):
+        def get_attn_mask(self, shape, dtype, device):  # a signature fusedops does not know
+            return None
+
+    reason = swin_transformers.recognise(SwinLayer)
+    assert isinstance(reason, str) and "get_attn_mask('shape', 'dtype', 'device')" in reason

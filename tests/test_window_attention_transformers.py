@@ -203,3 +203,57 @@ def test_importing_fusedops_and_the_integration_does_not_import_transformers(tmp
         cwd=tmp_path,
     )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
+
+
+def _fallback_call(module_file, kwargs, config=None, match=""):
+    """attention_forward on a module of ``module_file`` with ``kwargs``: it warns once, falls
+    back to that file's eager attention and returns what it returns (weights included)."""
+
+    class ModelAttention(_Attention):
+        __module__ = module_file.__name__
+        num_key_value_groups = 1
+
+    module = ModelAttention()
+    if config is not None:
+        module.config = config
+    q, k, v = (random_tensor((2, 2, 8, 16)) for _ in "qkv")
+    mask = random_tensor((1, 2, 8, 8))
+    integration._warned.clear()
+    with pytest.warns(UserWarning, match=match):
+        out, weights = integration.attention_forward(module, q, k, v, mask, scaling=0.25, **kwargs)
+    expected, expected_weights = module_file.eager_attention_forward(
+        module, q, k, v, mask, scaling=0.25, **kwargs
+    )
+    assert torch.equal(out, expected) and torch.equal(weights, expected_weights)
+
+
+def test_attention_sinks_fall_back_to_the_model_files_eager_attention():
+    from transformers.models.inkling2 import modeling_inkling2
+
+    sinks = {"sinks": random_tensor((2, 2, 8, 1))}
+    _fallback_call(modeling_inkling2, sinks, match="attention sinks.*eager attention")
+
+
+@pytest.mark.parametrize("route", ["argument", "config"])
+def test_attention_weights_asked_for_fall_back_to_the_eager_attention(route):
+    from types import SimpleNamespace
+
+    from transformers.models.swin import modeling_swin
+
+    kwargs = {"output_attentions": True} if route == "argument" else {}
+    config = SimpleNamespace(output_attentions=route == "config")
+    _fallback_call(modeling_swin, kwargs, config, match="attention weights.*eager attention")
+
+
+def test_query_key_value_dtypes_that_differ_fall_back_to_sdpa():
+    """Under autocast a model may hand over q, k, v in different dtypes: sdpa casts them."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, v = random_tensor((2, 2, 8, 16)), random_tensor((2, 2, 8, 16))
+    k = random_tensor((2, 2, 8, 16), torch.bfloat16)
+    integration._warned.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.warns(UserWarning, match="dtypes differ.*sdpa"):
+            out, _ = integration.attention_forward(_Attention(), q, k, v, None)
+        expected, _ = sdpa_attention_forward(_Attention(), q, k, v, None)
+    assert torch.equal(out, expected)

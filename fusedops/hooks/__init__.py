@@ -46,8 +46,10 @@ from fusedops.hooks.lib_torch import (
 from fusedops.hooks.lib_torchvision import disable_fused_nms, enable_fused_nms
 from fusedops.hooks.lib_transformers import disable_fused_swin, enable_fused_swin
 from fusedops.hooks.machinery import (
+    ClassPatches,
     Hook,
     Target,
+    Unpatched,
     available,
     contribute,
     disable,
@@ -63,8 +65,10 @@ from fusedops.hooks.machinery import (
 )
 
 __all__ = [
+    "ClassPatches",
     "Hook",
     "Target",
+    "Unpatched",
     "available",
     "contribute",
     "disable",

@@ -2,7 +2,8 @@
 and ``batched_nms`` in ``mmcv.ops`` and in the ``mmcv.ops.nms`` module (where mmcv's own
 ``batched_nms`` looks them up, and where mmdet imports them from).
 
-The replacements keep mmcv's signatures and results: numpy inputs give numpy outputs;
+The replacements keep mmcv's signatures and results: numpy inputs give numpy outputs; mmcv's
+deprecated ``iou_thr`` (argument or ``nms_cfg`` key) is ``iou_threshold``, with mmcv's warning;
 ``batched_nms(boxes, scores, idxs, nms_cfg, class_agnostic=False)`` runs fusedops for
 ``type="nms"`` and ``"soft_nms"`` on (x1, y1, x2, y2) boxes and calls mmcv's own function for
 anything else. Never imports torch, mmcv or fusedops' ops until a replacement runs.
@@ -10,8 +11,10 @@ anything else. Never imports torch, mmcv or fusedops' ops until a replacement ru
 
 from __future__ import annotations
 
+import warnings
+
 from fusedops.hooks import lib_torchvision  # noqa: F401  (defines the "nms" hook)
-from fusedops.hooks.machinery import Target, contribute, installed
+from fusedops.hooks.machinery import Target, contribute
 
 #: mmcv runs one soft-NMS over all classes below this many boxes (its default ``split_thr``).
 MMCV_SPLIT_THRESHOLD = 10000
@@ -27,21 +30,46 @@ def _numpy_aware(function, boxes, scores, *args):
     return dets.numpy(), inds.numpy()
 
 
-def nms(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):
+def _renamed(function: str, options: dict) -> dict:
+    """``options`` with mmcv's deprecated ``iou_thr`` as ``iou_threshold`` (warning as mmcv's
+    ``deprecated_api_warning`` does); any other unknown keyword is a TypeError."""
+    unknown = set(options) - {"iou_thr", "iou_threshold"}
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {min(unknown)!r}")
+    if "iou_thr" not in options:
+        return options
+    if options.get("iou_threshold") is not None:
+        raise TypeError(f"{function}() got both iou_thr and iou_threshold; iou_thr is deprecated")
+    warnings.warn(
+        f'"iou_thr" is deprecated in `{function}`, please use "iou_threshold" instead',
+        stacklevel=3,
+    )
+    options = dict(options)
+    options["iou_threshold"] = options.pop("iou_thr")
+    return options
+
+
+def nms(boxes, scores, iou_threshold=None, offset=0, score_threshold=0, max_num=-1, **deprecated):
     """``mmcv.ops.nms`` on fusedops: ``(dets (K, 5), inds (K,))``."""
     from fusedops.ops.nms import nms_normal
 
+    iou_threshold = _renamed("nms", {"iou_threshold": iou_threshold, **deprecated})["iou_threshold"]
+    if iou_threshold is None:
+        raise TypeError("nms() missing iou_threshold")
     options = (iou_threshold, offset, score_threshold, max_num)
     return _numpy_aware(nms_normal, boxes, scores, *options)
 
 
 def soft_nms(
-    boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3, method="linear", offset=0
-):
-    """``mmcv.ops.soft_nms`` on fusedops (on the boxes' device): ``(dets (K, 5), inds (K,))``."""
+    boxes, scores, iou_threshold=None, sigma=0.5, min_score=1e-3, method="linear", offset=0,
+    **deprecated,
+):  # fmt: skip
+    """``mmcv.ops.soft_nms`` on fusedops (on the boxes' device): ``(dets (K, 5), inds (K,))``;
+    iou_threshold defaults to 0.3."""
     from fusedops.ops.nms import soft_nms as fused_soft_nms
 
-    options = (iou_threshold, sigma, min_score, method, offset)
+    given = _renamed("soft_nms", {"iou_threshold": iou_threshold, **deprecated})["iou_threshold"]
+    options = (0.3 if given is None else given, sigma, min_score, method, offset)
     return _numpy_aware(fused_soft_nms, boxes, scores, *options)
 
 
@@ -58,6 +86,9 @@ def batched_nms_replacing(original):
         max_num = cfg.pop("max_num", -1)
         if kind not in ("nms", "soft_nms"):
             return original(boxes, scores, idxs, nms_cfg, class_agnostic)
+        if "iou_thr" in cfg:  # mmcv's nms functions take the deprecated name (with a warning)
+            thresholds = {k: cfg.pop(k) for k in ("iou_thr", "iou_threshold") if k in cfg}
+            cfg.update(_renamed(kind, thresholds))
         import torch
 
         from fusedops.ops import nms as ops
@@ -85,8 +116,6 @@ def batched_nms_replacing(original):
 
 
 def _mmcv_targets(**_) -> list[Target]:
-    if not installed("mmcv"):
-        return []
     targets = []
     for module in ("mmcv.ops.nms", "mmcv.ops"):
         targets.append(Target(module, "nms", lambda original: nms))
@@ -95,4 +124,4 @@ def _mmcv_targets(**_) -> list[Target]:
     return targets
 
 
-contribute("nms", targets=_mmcv_targets)
+contribute("nms", targets=_mmcv_targets, package="mmcv")

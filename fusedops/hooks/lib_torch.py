@@ -7,12 +7,19 @@ resolved when a patch is applied.
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fusedops.hooks.machinery import Hook, Target, disable, enable, register_hook, resolve
+from fusedops.hooks.machinery import (
+    ClassPatches,
+    Hook,
+    Target,
+    disable,
+    enable,
+    register_hook,
+    resolve,
+)
 
 
 def _quick_gelu_class_locations(classes: Iterable[Any]) -> list[tuple[str, str]]:
@@ -30,31 +37,47 @@ def _quick_gelu_class_locations(classes: Iterable[Any]) -> list[tuple[str, str]]
     return locations
 
 
-def _quick_gelu_targets(classes: Iterable[Any] = (), gelu: bool = False) -> list[Target]:
-    fused_subclass = lambda original: resolve("fusedops.nn.quick_gelu:fused_subclass")(original)
-    targets = [Target(m, a, fused_subclass) for m, a in _quick_gelu_class_locations(classes)]
-    if gelu:
+def _fused_quick_gelu(original: type) -> type:
+    return resolve("fusedops.nn.quick_gelu:fused_subclass")(original)
+
+
+def _replaced_by(fused: str) -> Callable[[Any], Any]:
+    """A ``make`` that replaces whatever it is given by the object at ``fused``."""
+    return lambda original: resolve(fused)
+
+
+#: torch.nn.GELU, where torch defines it and where it exposes it (gelu=True only).
+_GELU = ("torch.nn.modules.activation", "GELU")
+_TORCH_GELU = ClassPatches(
+    {_GELU: _replaced_by("fusedops.nn.quick_gelu:GELUAsQuickGELU")},
+    importers={_GELU: ("torch.nn", "torch.nn.modules")},
+)
+
+
+def _quick_gelu_patches(classes: Iterable[Any] = (), gelu: bool = False, **_: Any):
+    """The user's classes (as named: no origin check), then torch's GELU if asked for."""
+    named = dict.fromkeys(_quick_gelu_class_locations(classes), _fused_quick_gelu)
+    return [ClassPatches(named, check_origin=False), *([_TORCH_GELU] if gelu else [])]
+
+
+def _quick_gelu_targets(**options: Any) -> list[Target]:
+    found = [target for patches in _quick_gelu_patches(**options) for target in patches.targets()]
+    if options.get("gelu"):
         warnings.warn(
             "enable_quick_gelu(gelu=True) replaces nn.GELU by QuickGELU, x*sigmoid(1.702x): "
             "this is a different function and changes the model's outputs",
             stacklevel=4,
         )
-        gelu_cls = lambda original: resolve("fusedops.nn.quick_gelu:GELUAsQuickGELU")
-        targets += [Target(m, "GELU", gelu_cls) for m in _TORCH_NN_ACTIVATION_MODULES]
-    return targets
+    return found
 
 
-def _quick_gelu_swap(cls, classes: Iterable[Any] = (), gelu: bool = False, **_: Any):
-    quick_gelu_nn = importlib.import_module("fusedops.nn.quick_gelu")
-    if gelu and cls is importlib.import_module("torch.nn").GELU:
-        return quick_gelu_nn.GELUAsQuickGELU
-    names = set(_quick_gelu_class_locations(classes))
-    if (cls.__module__, cls.__qualname__) in names:
-        return quick_gelu_nn.fused_subclass(cls)
+def _quick_gelu_swap(cls: type, **options: Any):
+    for patches in _quick_gelu_patches(**options):
+        fused = patches.swap(cls)
+        if fused is not None:
+            return fused
     return None
 
-
-_TORCH_NN_ACTIVATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.modules.activation")
 
 register_hook(
     Hook(
@@ -85,37 +108,26 @@ def disable_quick_gelu() -> None:
     disable("quick_gelu")
 
 
-# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch exposes them.
+# LayerNorm / RMSNorm: torch.nn.LayerNorm and torch.nn.RMSNorm everywhere torch holds them by
+# name (torch.nn.modules.transformer imports LayerNorm: its encoder/decoder layers build it).
 
-_TORCH_NN_NORMALIZATION_MODULES = ("torch.nn", "torch.nn.modules", "torch.nn.modules.normalization")
+_NORMALIZATION = "torch.nn.modules.normalization"
 
-
-def _norm_targets(fused: str) -> Callable[..., list[Target]]:
-    attr = fused.rpartition(":")[2]
-    make = lambda original: resolve(fused)
-    return lambda: [Target(module, attr, make) for module in _TORCH_NN_NORMALIZATION_MODULES]
-
-
-def _norm_swap(fused: str) -> Callable[..., Any]:
-    def swap(cls, **_: Any):
-        fused_cls = resolve(fused)
-        # Exactly the torch class (the fused class's base), not user subclasses of it.
-        return fused_cls if cls is fused_cls.__bases__[0] else None
-
-    return swap
-
-
-for _name, _fused in (
-    ("layer_norm", "fusedops.nn.layer_norm:LayerNorm"),
-    ("rms_norm", "fusedops.nn.layer_norm:RMSNorm"),
+for _name, _attr, _importers in (
+    ("layer_norm", "LayerNorm", ("torch.nn", "torch.nn.modules", "torch.nn.modules.transformer")),
+    ("rms_norm", "RMSNorm", ("torch.nn", "torch.nn.modules")),
 ):
-    register_hook(Hook(_name, targets=_norm_targets(_fused), module_swap=_norm_swap(_fused)))
+    _patches = ClassPatches(
+        {(_NORMALIZATION, _attr): _replaced_by(f"fusedops.nn.layer_norm:{_attr}")},
+        importers={(_NORMALIZATION, _attr): _importers},
+    )
+    register_hook(Hook(_name, targets=_patches.targets, module_swap=_patches.swap))
 
 
 def enable_fused_layer_norm() -> None:
-    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules and
-    torch.nn.modules.normalization) by ``fusedops.nn.LayerNorm``; before ``import torch``, on
-    import."""
+    """Replace ``torch.nn.LayerNorm`` (in torch.nn, torch.nn.modules,
+    torch.nn.modules.normalization and torch.nn.modules.transformer) by
+    ``fusedops.nn.LayerNorm``; before ``import torch``, on import."""
     enable("layer_norm")
 
 
@@ -146,9 +158,8 @@ for _name, _module, _attr, _fused in (
     register_hook(
         Hook(
             _name,
-            targets=lambda _module=_module, _attr=_attr, _fused=_fused: [
-                Target(module, _attr, lambda original, _fused=_fused: resolve(_fused))
-                for module in ("torch.optim", _module)
+            targets=lambda _module=_module, _attr=_attr, _fused=_fused, **_: [
+                Target(module, _attr, _replaced_by(_fused)) for module in ("torch.optim", _module)
             ],
         )
     )

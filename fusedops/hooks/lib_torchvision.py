@@ -13,9 +13,9 @@ from __future__ import annotations
 from fusedops.hooks.machinery import (
     Hook,
     Target,
+    contribute,
     disable,
     enable,
-    installed,
     register_hook,
     resolve,
 )
@@ -33,18 +33,13 @@ def _replacement(fused: str):
 
 
 def _torchvision_targets(**_) -> list[Target]:
-    if not installed("torchvision"):
-        return []
     return [Target(module, attr, _replacement(fused)) for module, attr, fused in TORCHVISION_NMS]
 
 
 register_hook(
-    Hook(
-        "nms",
-        targets=_torchvision_targets,
-        nothing_hint="neither torchvision nor mmcv is installed",
-    )
+    Hook("nms", targets=lambda **_: [], nothing_hint="neither torchvision nor mmcv is installed")
 )
+contribute("nms", _torchvision_targets, package="torchvision")
 
 
 def enable_fused_nms() -> None:

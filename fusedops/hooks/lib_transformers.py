@@ -13,26 +13,30 @@
 
 Nothing here imports transformers: targets are (module, class) names, patched when the module
 is imported (or now, if it is). The lists are static because hooks are enabled before
-transformers is imported; ``tests/test_hooks_transformers.py`` reads the modeling sources and
+transformers is imported; ``tests/test_transformers_norm_list.py`` reads the modeling sources and
 checks every listed forward against its variant and that every RMSNorm-like class is listed or
 excluded (with the reason) below. Classes of other transformers versions that are missing are
-skipped silently (the targets are optional).
+skipped silently (the targets are optional); a listed name that holds another class (a model
+file's ``T5LayerNorm = FusedRMSNorm``) or whose forward is not its variant's code (another
+transformers version) is left unpatched with a warning.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
-import importlib.util
 from typing import Any
 
 from fusedops.hooks import lib_torch  # noqa: F401  (defines the hooks contributed to)
 from fusedops.hooks.machinery import (
+    ClassPatches,
     Hook,
     Target,
+    Unpatched,
     contribute,
     disable,
     enable,
-    installed,
     register_hook,
     resolve,
 )
@@ -44,10 +48,6 @@ _QUICK_GELU = "QuickGELUActivation"
 _QUICK_GELU_IMPORTERS = ("transformers.models.bridgetower.modeling_bridgetower",)
 
 
-def _installed() -> bool:
-    return installed("transformers")
-
-
 def _fused_quick_gelu(original: Any) -> Any:
     """The fused class for a class, or for a ``(class, kwargs)`` activation-table entry."""
     fused_subclass = resolve("fusedops.nn.quick_gelu:fused_subclass")
@@ -57,25 +57,21 @@ def _fused_quick_gelu(original: Any) -> Any:
     return fused_subclass(original)
 
 
+_QUICK_GELU_CLASS = ClassPatches(
+    {(_ACTIVATIONS, _QUICK_GELU): _fused_quick_gelu},
+    importers={(_ACTIVATIONS, _QUICK_GELU): _QUICK_GELU_IMPORTERS},
+)
+
+
 def _quick_gelu_targets(**_: Any) -> list[Target]:
-    if not _installed():
-        return []
-    make = _fused_quick_gelu
     return [
-        Target(_ACTIVATIONS, _QUICK_GELU, make),
-        Target(_ACTIVATIONS, "ACT2CLS", make, key="quick_gelu"),
-        Target(_ACTIVATIONS, "ACT2FN", make, key="quick_gelu"),
-        *(Target(module, _QUICK_GELU, make, optional=True) for module in _QUICK_GELU_IMPORTERS),
+        *_QUICK_GELU_CLASS.targets(),
+        Target(_ACTIVATIONS, "ACT2CLS", _fused_quick_gelu, key="quick_gelu"),
+        Target(_ACTIVATIONS, "ACT2FN", _fused_quick_gelu, key="quick_gelu"),
     ]
 
 
-def _quick_gelu_swap(cls: type, **_: Any):
-    if (cls.__module__, cls.__qualname__) == (_ACTIVATIONS, _QUICK_GELU):
-        return _fused_quick_gelu(cls)
-    return None
-
-
-contribute("quick_gelu", _quick_gelu_targets, _quick_gelu_swap)
+contribute("quick_gelu", _quick_gelu_targets, _QUICK_GELU_CLASS.swap, package="transformers")
 
 
 #: transformers' RMSNorm-family classes by variant (fusedops/nn/rms_norm_variants.py: llama, t5,
@@ -278,40 +274,183 @@ UNREACHED: dict[str, str] = {
 }
 
 
-def _rms_norm_classes() -> dict[tuple[str, str], str]:
-    """(module, class) -> variant for every listed class."""
+#: The code of each variant's forward (and ``_norm``, where the class has one) as transformers
+#: 5.23 writes it, normalised (no docstrings or annotations); the classes' own code is checked
+#: against it before they are patched (``rms_norm_code_mismatch``), and
+#: ``tests/test_transformers_norm_list.py`` checks every listed class's source against it.
+RMS_NORM_FORWARDS: list[tuple[str, str]] = [
+    # llama: Aimv2RMSNorm (140 classes)
+    (
+        "llama",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * hidden_states.to(input_dtype)
+""",
+    ),
+    # gemma: GemmaRMSNorm (13 classes)
+    (
+        "gemma",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * (1.0 + self.weight.float())
+    return output.type_as(x)
+""",
+    ),
+    # fp32_weight: AfmoeRMSNorm (11 classes)
+    (
+        "fp32_weight",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+""",
+    ),
+    # fp32_weight: DiffusionGemmaRMSNorm (8 classes)
+    (
+        "fp32_weight",
+        """
+def _norm(self, hidden_states):
+    mean_squared = hidden_states.pow(2).mean(-1, keepdim=True) + self.eps
+    return hidden_states * torch.pow(mean_squared, -0.5)
+def forward(self, hidden_states):
+    normed_output = self._norm(hidden_states.float())
+    if self.with_scale:
+        normed_output = normed_output * self.weight.float()
+    return normed_output.type_as(hidden_states)
+""",
+    ),
+    # t5: IdeficsRMSNorm (5 classes)
+    (
+        "t5",
+        """
+def forward(self, hidden_states):
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    if self.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(self.weight.dtype)
+    return self.weight * hidden_states
+""",
+    ),
+    # unweighted: EsmFold2RMSNorm (4 classes)
+    (
+        "unweighted",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    return self._norm(x.float()).type_as(x)
+""",
+    ),
+    # fp32_weight: HeliumRMSNorm (3 classes)
+    (
+        "fp32_weight",
+        """
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
+""",
+    ),
+    # fp32_weight: KyutaiSpeechToTextRMSNorm (2 classes)
+    (
+        "fp32_weight",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float())
+    output = output * self.weight.float()
+    return output.type_as(x)
+""",
+    ),
+    # llama: Llama4TextRMSNorm (1 classes)
+    (
+        "llama",
+        """
+def _norm(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+def forward(self, x):
+    output = self._norm(x.float()).type_as(x)
+    return output * self.weight
+""",
+    ),
+]
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str, docstrings: tuple[str | None, ...]) -> tuple:
+    """The code of the functions ``source`` defines, each with its docstring (None: none),
+    as ``_code`` keys: compiled (never run) in a module that imports torch, as modeling files
+    do (the compiler emits other bytecode for attributes of an imported module)."""
+    tree = ast.parse(source)
+    for function, doc in zip(tree.body, docstrings):
+        if doc is not None:
+            function.body.insert(0, ast.Expr(ast.Constant(doc)))
+    tree.body.insert(0, ast.Import([ast.alias("torch")]))
+    module = compile(ast.fix_missing_locations(tree), "<fusedops rms_norm variant>", "exec")
+    functions = {c.co_name: c for c in module.co_consts if hasattr(c, "co_code")}
+    return tuple(_code_key(functions[node.name]) for node in tree.body[1:])
+
+
+def _code_key(code: Any) -> tuple:
+    """What a code object computes, without where it is written: bytecode, constants, names."""
+    return code.co_code, code.co_consts, code.co_names, code.co_varnames
+
+
+def _code(function: Any) -> tuple | None:
+    code = getattr(function, "__code__", None)
+    return None if code is None else _code_key(code)
+
+
+def rms_norm_code_mismatch(original: type, variant: str) -> str | None:
+    """None when ``original``'s forward (and ``_norm``) is the code of one of ``variant``'s
+    forwards in ``RMS_NORM_FORWARDS`` (compiled here: docstrings and annotations do not count),
+    else why it is not."""
+    for name, source in RMS_NORM_FORWARDS:
+        if name != variant:
+            continue
+        names = [node.name for node in ast.parse(source).body]
+        functions = [getattr(original, function, None) for function in names]
+        docstrings = tuple(getattr(function, "__doc__", None) for function in functions)
+        if tuple(map(_code, functions)) == _compiled(source, docstrings):
+            return None
+    return f"its forward is not the code of the {variant!r} RMSNorm variant fusedops fuses"
+
+
+def _fused_rms_norm(variant: str):
+    def make(original: type) -> type:
+        mismatch = rms_norm_code_mismatch(original, variant)
+        if mismatch is not None:
+            raise Unpatched(mismatch)
+        return resolve("fusedops.nn.rms_norm_variants:fused_subclass")(original, variant)
+
+    return make
+
+
+def _rms_norm_classes() -> dict[tuple[str, str], Any]:
+    """(module, class) -> its make, for every listed class."""
     found = {}
     for variant, names in RMS_NORM_CLASSES.items():
         for name in names.split():
             module, _, cls = name.rpartition(".")
-            found[(f"transformers.models.{module}", cls)] = variant
+            found[(f"transformers.models.{module}", cls)] = _fused_rms_norm(variant)
     return found
 
 
-_RMS_NORM_VARIANTS = _rms_norm_classes()
-
-
-def _fused_rms_norm(variant: str):
-    return lambda original: resolve("fusedops.nn.rms_norm_variants:fused_subclass")(
-        original, variant
-    )
-
-
-def _rms_norm_targets(**_: Any) -> list[Target]:
-    if not _installed():
-        return []
-    return [
-        Target(module, cls, _fused_rms_norm(variant), optional=True)
-        for (module, cls), variant in _RMS_NORM_VARIANTS.items()
-    ]
-
-
-def _rms_norm_swap(cls: type, **_: Any):
-    variant = _RMS_NORM_VARIANTS.get((cls.__module__, cls.__qualname__))
-    return None if variant is None else _fused_rms_norm(variant)(cls)
-
-
-contribute("rms_norm", _rms_norm_targets, _rms_norm_swap)
+_RMS_NORM = ClassPatches(_rms_norm_classes(), optional=True)
+contribute("rms_norm", _RMS_NORM.targets, _RMS_NORM.swap, package="transformers")
 
 
 # ------------------------------------------------------------------------------------------
@@ -327,51 +466,30 @@ SWIN_TRANSFORMERS_CLASSES = (
 )
 
 
-def swin_fused_class(recognise: str):
-    """A ``Target.make`` / swap helper: the fused subclass of a class, recognised by the
-    ``"module:function"`` named (the original, with a warning, when its shape is unknown)."""
+def swin_patches(classes, recognise: str, *, optional: bool = False) -> ClassPatches:
+    """The Swin classes ``classes`` ((module, class) pairs), each replaced by its fused
+    subclass, recognised by the ``"module:function"`` named (a class of a code shape it does not
+    know is left unpatched, with the reason)."""
 
     def make(original):
-        swin = importlib.import_module("fusedops.nn.swin")
-        return swin.fused_or_original(original, resolve(recognise))
+        fused = importlib.import_module("fusedops.nn.swin").fused_subclass(
+            original, resolve(recognise)
+        )
+        if isinstance(fused, str):
+            raise Unpatched(fused)
+        return fused
 
-    return make
-
-
-def swin_swap(classes, recognise: str):
-    """A ``module_swap`` for ``replace_modules``: exactly the listed classes (by module and
-    name; already fused ones are left alone) get their fused subclass."""
-    names = set(classes)
-    make = swin_fused_class(recognise)
-
-    def swap(cls, **_: Any):
-        if (cls.__module__, cls.__name__) not in names or cls.__dict__.get("_fusedops_fused"):
-            return None
-        fused = make(cls)
-        return None if fused is cls else fused
-
-    return swap
-
-
-_RECOGNISE_TRANSFORMERS = "fusedops.nn.swin_transformers:recognise"
-
-
-def _swin_targets(**_: Any) -> list[Target]:
-    if not _installed():
-        return []
-    make = swin_fused_class(_RECOGNISE_TRANSFORMERS)
-    # Swinv2 (or a layout) may be missing from some transformers versions: optional targets.
-    return [Target(module, attr, make, optional=True) for module, attr in SWIN_TRANSFORMERS_CLASSES]
+    return ClassPatches(dict.fromkeys(classes, make), optional=optional)
 
 
 register_hook(
-    Hook(
-        "swin",
-        targets=_swin_targets,
-        nothing_hint="neither transformers nor timm is installed",
-        module_swap=swin_swap(SWIN_TRANSFORMERS_CLASSES, _RECOGNISE_TRANSFORMERS),
-    )
+    Hook("swin", targets=lambda **_: [], nothing_hint="neither transformers nor timm is installed")
 )
+# Swinv2 (or a layout) may be missing from some transformers versions: optional targets.
+_SWIN = swin_patches(
+    SWIN_TRANSFORMERS_CLASSES, "fusedops.nn.swin_transformers:recognise", optional=True
+)
+contribute("swin", _SWIN.targets, _SWIN.swap, package="transformers")
 
 
 def enable_fused_swin() -> None:

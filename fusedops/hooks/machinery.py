@@ -9,13 +9,18 @@ LayerNorm`` in model code sees the fused class. Targets inside torch are patched
 whole ``torch`` package has imported.
 
 One hook may patch several libraries: the module of each library (``lib_<library>.py``) adds
-its targets and module swaps to the hook with ``contribute``. This module never imports torch;
-replacements are imported when a patch is applied.
+its targets and module swaps to the hook with ``contribute`` (for an installed library only). A
+list of classes is written once, as a ``ClassPatches``: the hook's targets and the module swap
+``replace_modules`` uses on built models. This module never imports torch; replacements are
+imported when a patch is applied.
 
-Never a silent no-op: ``report()`` / ``state()`` say what each hook patched and what waits for an
-import; a named target that does not exist warns; a hook with nothing to patch warns;
-``replace_modules`` counts (and, verbose, prints) what it swapped and ``unfused(model)`` lists the
-modules a hook knows that are not fused.
+Never a silent no-op: ``report()`` / ``state()`` say what each hook patched, what waits for an
+import and what it left unpatched (a ``make`` that raises ``Unpatched``: a class of a code shape
+fusedops does not know, a listed name bound to another class), with a warning; a named target
+that does not exist warns; a hook with nothing to patch warns; ``replace_modules`` counts (and,
+verbose, prints) what it swapped and ``unfused(model)`` lists the modules a hook knows that are
+not fused. A hook never fails the import it patches: a replacement that cannot be made is a
+warning naming the hook and the location.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import importlib.util
 import logging
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -55,6 +61,12 @@ class Target:
         """``module.attr`` or ``module.attr[key]``."""
         where = f"{self.module}.{self.attr}"
         return where if self.key is None else f"{where}[{self.key!r}]"
+
+
+class Unpatched(Exception):  # noqa: N818 - an outcome, not an error
+    """Raised by a ``Target.make`` to leave its location as it is; the message says why (e.g.
+    a class of a code shape fusedops does not know). The hook warns and lists the location as
+    left unpatched (``state()`` / ``report()``)."""
 
 
 def _read_entry(mapping: Any, key: Any) -> Any:
@@ -95,8 +107,11 @@ class Hook:
     parse_env(text) -> options, for ``FUSEDOPS_HOOKS=name:text``.
     needs_options: the hook patches nothing without options (skipped by ``all``).
     nothing_hint: why the hook may find nothing to patch (in the warning it gives then).
-    contributions: (targets, module_swap) pairs other libraries' modules added (``contribute``);
-    their targets are patched with the hook's own, their swaps tried after its own.
+    contributions: (targets, module_swap, package) triples other libraries' modules added
+    (``contribute``); their targets are patched with the hook's own (only while ``package`` is
+    installed), their swaps tried after its own.
+    Every ``targets`` and ``module_swap`` takes the hook's options as keywords and ignores the
+    ones it does not use (``patched(*names, **options)`` passes the same options to each hook).
     """
 
     name: str
@@ -108,13 +123,17 @@ class Hook:
     options: dict = field(default_factory=dict)
     enabled: bool = False
     applied: list[_Patch] = field(default_factory=list)
-    contributions: list[tuple[Callable | None, Callable | None]] = field(default_factory=list)
+    unpatched: list[str] = field(default_factory=list)  # "location: reason"
+    contributions: list[tuple[Callable | None, Callable | None, str | None]] = field(
+        default_factory=list
+    )
 
     def all_targets(self, **options: Any) -> list[Target]:
-        """The hook's targets for ``options``, then every contribution's."""
+        """The hook's targets for ``options``, then every contribution's whose library is
+        installed."""
         found = list(self.targets(**options))
-        for targets, _ in self.contributions:
-            if targets is not None:
+        for targets, _, package in self.contributions:
+            if targets is not None and (package is None or installed(package)):
                 found += targets(**options)
         return found
 
@@ -123,15 +142,75 @@ class Hook:
         a class that is fused already)."""
         if cls.__dict__.get("_fusedops_fused", False):
             return None
-        for swap in (self.module_swap, *(s for _, s in self.contributions)):
+        for swap in (self.module_swap, *(s for _, s, _ in self.contributions)):
             fused = swap(cls, **options) if swap is not None else None
             if fused is not None:
                 return fused
         return None
 
 
+@dataclass(frozen=True)
+class ClassPatches:
+    """One list of classes as a hook's targets and its module swap (``targets`` / ``swap``).
+
+    classes: ``{(module, qualname): make}``, each class named by the module that defines it;
+    ``make(original)`` returns the fused class or raises ``Unpatched``.
+    importers: ``{(module, qualname): (modules...)}``: modules that import the class by name,
+    patched too (a module imported before the hook was enabled keeps its own reference).
+    optional: a missing class is skipped without a warning (one some versions lack).
+    check_origin: a location must hold the class defined there (its ``__module__`` and
+    ``__qualname__``); a name bound to another class (transformers 4.x's ``T5LayerNorm =
+    FusedRMSNorm`` where apex is installed) is left unpatched with a warning. Off for classes
+    a user names, which may be re-exported.
+
+    ``swap(cls)`` is the fused class for a module of exactly a listed class (not a subclass;
+    None for one already fused, or one ``make`` refuses, with a warning).
+    """
+
+    classes: dict[tuple[str, str], Callable[[type], type]]
+    importers: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    optional: bool = False
+    check_origin: bool = True
+
+    def targets(self, **_: Any) -> list[Target]:
+        """One target per listed class, then one per module importing it."""
+        found = []
+        for (module, qualname), make in self.classes.items():
+            checked = self._checked(module, qualname, make)
+            found.append(Target(module, qualname, checked, optional=self.optional))
+            for importer in self.importers.get((module, qualname), ()):
+                found.append(Target(importer, qualname, checked, optional=True))
+        return found
+
+    def swap(self, cls: type, **_: Any) -> Any:
+        """The fused class for a module of class ``cls``, or None."""
+        make = self.classes.get((cls.__module__, cls.__qualname__))
+        if make is None or cls.__dict__.get("_fusedops_fused", False):
+            return None
+        try:
+            fused = make(cls)
+        except Unpatched as reason:
+            warnings.warn(f"fusedops: {_qualified(cls)} left unfused: {reason}", stacklevel=4)
+            return None
+        return None if fused is cls else fused
+
+    def _checked(self, module: str, qualname: str, make: Callable) -> Callable:
+        if not self.check_origin:
+            return make
+
+        def checked(original):
+            found = (getattr(original, "__module__", None), getattr(original, "__qualname__", None))
+            if found != (module, qualname):
+                raise Unpatched(f"it holds {found[0]}.{found[1]}, not the class {module} defines")
+            return make(original)
+
+        return checked
+
+
 _HOOKS: dict[str, Hook] = {}
 _pending: dict[str, list[tuple[Hook, Target]]] = {}  # trigger module -> patches waiting for it
+_holders: dict[str, int] = {}  # hook name -> patched() blocks inside which it is enabled
+_enabled_by_patched: set[str] = set()  # hooks a patched() block enabled (it disables them)
 
 
 def register_hook(hook: Hook) -> Hook:
@@ -144,10 +223,13 @@ def contribute(
     name: str,
     targets: Callable[..., list[Target]] | None = None,
     module_swap: Callable[..., Any] | None = None,
+    *,
+    package: str | None = None,
 ) -> None:
     """Add a library's ``targets(**options)`` and ``module_swap(cls, **options)`` to hook
-    ``name`` (both take the hook's options and ignore the ones they do not use)."""
-    _get(name).contributions.append((targets, module_swap))
+    ``name`` (both take the hook's options and ignore the ones they do not use). package: the
+    targets count only while this top-level package is installed (``installed``)."""
+    _get(name).contributions.append((targets, module_swap, package))
 
 
 def available() -> list[str]:
@@ -179,7 +261,16 @@ def _imported(module: str) -> bool:
     return loaded is not None and not getattr(spec, "_initializing", False)
 
 
+def _cannot_patch(hook: Hook, target: Target, exc: BaseException) -> None:
+    warnings.warn(
+        f"fusedops hook {hook.name!r}: cannot patch {target.location}: {type(exc).__name__}: {exc}",
+        stacklevel=4,
+    )
+
+
 def _apply(hook: Hook, target: Target) -> None:
+    """Patch one target now. Never raises for the target's sake (a hook must not fail the
+    import it runs in): what goes wrong is a warning naming the hook and the location."""
     try:
         module = importlib.import_module(target.module)
         holder, slot = module, target.attr
@@ -190,11 +281,10 @@ def _apply(hook: Hook, target: Target) -> None:
             original = getattr(module, target.attr)
     except (ImportError, AttributeError, KeyError) as exc:
         if not target.optional:
-            warnings.warn(
-                f"fusedops hook {hook.name!r}: cannot patch {target.location}: "
-                f"{type(exc).__name__}: {exc}",
-                stacklevel=3,
-            )
+            _cannot_patch(hook, target, exc)
+        return
+    except Exception as exc:  # a module that fails to import for reasons of its own
+        _cannot_patch(hook, target, exc)
         return
     entry = target.key is not None
     earlier = next((p for p in hook.applied if p.replacement is original), None)
@@ -205,16 +295,46 @@ def _apply(hook: Hook, target: Target) -> None:
             _Patch(target.location, holder, slot, entry, earlier.original, original)
         )
         return
-    patch = _Patch(target.location, holder, slot, entry, original, target.make(original))
-    patch.write(patch.replacement)
+    try:
+        patch = _Patch(target.location, holder, slot, entry, original, target.make(original))
+        if patch.replacement is original:
+            raise Unpatched("no replacement for it")
+        patch.write(patch.replacement)
+    except Unpatched as reason:
+        hook.unpatched.append(f"{target.location}: {reason}")
+        warnings.warn(
+            f"fusedops hook {hook.name!r}: {target.location} left unpatched: {reason}",
+            stacklevel=3,
+        )
+        return
+    except Exception as exc:
+        _cannot_patch(hook, target, exc)
+        return
     hook.applied.append(patch)
 
 
 def _apply_pending(trigger: str) -> None:
+    """Apply every patch waiting for ``trigger``, each on its own: one that raises (a warning
+    turned into an error) does not keep the others from being applied; the first such error
+    is raised after all of them."""
+    failures = []
     with _lock:
         for hook, target in _pending.pop(trigger, []):
             if hook.enabled:
-                _apply(hook, target)
+                try:
+                    _apply(hook, target)
+                except Exception as exc:
+                    failures.append(exc)
+    if failures:
+        raise failures[0]
+
+
+def _sweep() -> None:
+    """Apply the patches whose trigger module has finished importing without its loader
+    applying them (the module was importing in another thread when the hook was enabled)."""
+    with _lock:
+        for trigger in [t for t in _pending if _imported(t)]:
+            _apply_pending(trigger)
 
 
 class _LoaderWithPatches(importlib.abc.Loader):
@@ -239,6 +359,11 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     """sys.meta_path finder that wraps the loader of modules that have patches waiting."""
 
     def find_spec(self, fullname, path, target=None):
+        if _lock.acquire(blocking=False):  # never wait here: another thread may hold it
+            try:
+                _sweep()
+            finally:
+                _lock.release()
         if fullname not in _pending:
             return None
         for finder in sys.meta_path:
@@ -291,11 +416,11 @@ def enable(name: str, **options: Any) -> None:
 def _enable(name: str, options: dict, check_importable: bool) -> None:
     with _lock:
         hook = _get(name)
-        if hook.enabled:
-            if options == hook.options:
-                return
-            disable(name)
+        if hook.enabled and options == hook.options:
+            return
         targets = hook.all_targets(**options)  # validates options before anything changes
+        if hook.enabled:
+            disable(name)
         if not targets:
             hint = f": {hook.nothing_hint}" if hook.nothing_hint else ""
             warnings.warn(f"fusedops hook {name!r} has nothing to patch{hint}", stacklevel=4)
@@ -305,13 +430,19 @@ def _enable(name: str, options: dict, check_importable: bool) -> None:
 
 
 def disable(name: str) -> None:
-    """Restore every attribute hook ``name`` patched (idempotent)."""
+    """Restore every attribute hook ``name`` patched (idempotent).
+
+    Only the patched locations are restored: what captured a replacement while the hook was
+    on keeps it (modules already built, a class used as a default argument, a subclass defined
+    then, a ``functools.partial``, ``from torch.nn import LayerNorm`` in a module imported
+    then)."""
     with _lock:
         hook = _get(name)
         for patch in reversed(hook.applied):
             if patch.current() is patch.replacement:
                 patch.write(patch.original)
         hook.applied.clear()
+        hook.unpatched.clear()
         for trigger in list(_pending):
             _pending[trigger] = [(h, t) for h, t in _pending[trigger] if h is not hook]
             if not _pending[trigger]:
@@ -323,17 +454,31 @@ def disable(name: str) -> None:
 
 @contextlib.contextmanager
 def patched(*names: str, **options: Any) -> Iterator[None]:
-    """Enable hooks ``names`` inside the block (with ``options``), restoring them after."""
-    with _lock:
-        newly = [name for name in names if not _get(name).enabled]
-        for name in newly:
-            enable(name, **options)
+    """Enable hooks ``names`` inside the block, restoring them after.
+
+    ``options`` go to every hook named (each ignores the ones it does not use). A hook that is
+    enabled already when the block starts keeps its options. Blocks may nest or overlap (other
+    threads, generators): a hook a block enabled is disabled when the last block holding it
+    exits, not before; one enabled by ``enable()`` before any block stays enabled."""
+    held: list[str] = []
     try:
+        with _lock:
+            for name in dict.fromkeys(names):
+                if not _get(name).enabled:
+                    enable(name, **options)
+                    _enabled_by_patched.add(name)
+                _holders[name] = _holders.get(name, 0) + 1
+                held.append(name)
         yield
     finally:
         with _lock:
-            for name in newly:
-                disable(name)
+            for name in reversed(held):
+                _holders[name] -= 1
+                if _holders[name] == 0:
+                    del _holders[name]
+                    if name in _enabled_by_patched:
+                        _enabled_by_patched.discard(name)
+                        disable(name)
 
 
 def enable_from_spec(spec: str, *, at_startup: bool = False) -> list[str]:
@@ -358,9 +503,11 @@ def enable_from_spec(spec: str, *, at_startup: bool = False) -> list[str]:
 
 def state() -> dict[str, dict[str, Any]]:
     """Per registered hook: ``{"enabled": bool, "patched": [locations], "waiting":
-    [locations]}``; a location is ``module.attr`` or ``module.attr[key]``, waiting ones are
-    patched when their module is imported."""
+    [locations], "unpatched": ["location: reason"]}``; a location is ``module.attr`` or
+    ``module.attr[key]``, waiting ones are patched when their module is imported, unpatched ones
+    were found but left as they are (e.g. a class of a code shape fusedops does not know)."""
     with _lock:
+        _sweep()
         waiting: dict[str, list[str]] = {name: [] for name in _HOOKS}
         for entries in _pending.values():
             for hook, target in entries:
@@ -370,6 +517,7 @@ def state() -> dict[str, dict[str, Any]]:
                 "enabled": hook.enabled,
                 "patched": [patch.location for patch in hook.applied],
                 "waiting": waiting[name],
+                "unpatched": list(hook.unpatched),
             }
             for name, hook in sorted(_HOOKS.items())
         }
@@ -385,8 +533,11 @@ def report(verbose: bool = False) -> str:
             lines.append(f"{name}: not enabled")
             continue
         patched, waiting = hook_state["patched"], hook_state["waiting"]
-        lines.append(f"{name}: enabled, {len(patched)} patched, {len(waiting)} waiting for import")
+        unpatched = hook_state["unpatched"]
+        counts = f"{len(patched)} patched, {len(waiting)} waiting for import"
+        lines.append(f"{name}: enabled, {counts}, {len(unpatched)} left unpatched")
         lines += [f"  patched {location}" for location in patched]
+        lines += [f"  left unpatched {location}" for location in unpatched]
         if verbose or len(waiting) <= 8:
             lines += [f"  waiting {location}" for location in waiting]
         else:
@@ -417,6 +568,10 @@ def replace_modules(
     registered hooks and the optimizer's references stay as they are). ``hooks`` names the
     hooks whose swaps apply (default: all); ``options`` go to each hook (e.g. ``classes=`` and
     ``gelu=True`` for quick_gelu). Returns ``model`` (``model = replace_modules(model)`` works).
+    A module whose ``forward`` is set on the instance (accelerate's hooks: a wrapper calling
+    the class's forward bound as ``_old_forward``) gets that bound forward rebound to the fused
+    class's; any other instance-level forward leaves the module as it is, with a warning (not
+    counted; ``unfused`` lists it).
 
     How many modules of each class were swapped (``{"module.Class": n}``, the class before the
     swap) is logged on the ``fusedops.hooks`` logger at INFO, printed when ``verbose``, and
@@ -429,8 +584,8 @@ def replace_modules(
             fused = hook.swap_for(type(module), **options)
             if fused is not None:
                 name = _qualified(type(module))
-                swapped[name] = swapped.get(name, 0) + 1
-                module.__class__ = fused
+                if _swap_class(module, fused):
+                    swapped[name] = swapped.get(name, 0) + 1
                 break
     summary = ", ".join(f"{n} x {name}" for name, n in sorted(swapped.items())) or "nothing"
     _log.info("replace_modules swapped %s", summary)
@@ -440,6 +595,27 @@ def replace_modules(
         for name, n in swapped.items():
             counts[name] = counts.get(name, 0) + n
     return model
+
+
+def _swap_class(module, fused: type) -> bool:
+    """``module.__class__ = fused``, keeping a forward set on the instance on the fused code;
+    False (and a warning, the module unchanged) where that cannot be done."""
+    original = type(module)
+    if "forward" in module.__dict__ and fused.forward is not original.forward:
+        bound = module.__dict__.get("_old_forward")
+        if getattr(bound, "__self__", None) is not module or (
+            getattr(bound, "__func__", None) is not original.forward
+        ):
+            warnings.warn(
+                f"fusedops.replace_modules: a {_qualified(original)} module left unfused: its "
+                "forward is set on the instance (not as accelerate's hooks set it, over the "
+                "class's forward bound as _old_forward), so a fused class would not run",
+                stacklevel=3,
+            )
+            return False
+        module._old_forward = types.MethodType(fused.forward, module)
+    module.__class__ = fused
+    return True
 
 
 def unfused(model, hooks: Iterable[str] | None = None, **options: Any) -> dict[str, int]:

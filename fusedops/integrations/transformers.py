@@ -25,10 +25,12 @@ What each call runs (``attention_forward``): ``fusedops.window_attention`` on q,
   (``fusedops.hooks.enable_fused_swin``).
 
 Inputs the op cannot take go to transformers' ``sdpa`` implementation (softcap and attention
-sinks, which sdpa refuses, to the model file's own ``eager_attention_forward``), with one
-warning per reason: attention dropout in training, a boolean mask, causal attention, query and
-key lengths that differ, N > 256, head dims outside {16, 32, 64, 128}, grouped key/value heads,
-softcap / sliding window / attention sinks / paged cache, dtypes other than fp16/bf16/fp32.
+sinks, which sdpa ignores or refuses, and calls asked for attention weights, which sdpa does not
+return, to the model file's own ``eager_attention_forward``), with one warning per reason:
+attention dropout in training, a boolean mask, causal attention, query and key lengths that
+differ, N > 256, head dims outside {16, 32, 64, 128}, grouped key/value heads, softcap / sliding
+window / attention sinks / paged cache, attention weights asked for (``output_attentions``),
+dtypes other than fp16/bf16/fp32 or q, k, v dtypes that differ (autocast: sdpa casts them).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from fusedops.ops.window_attention import HEAD_DIMS, MAX_TOKENS, window_attentio
 NAME = "fusedops"
 #: Keyword arguments of the attention interface the op cannot honour when set.
 _UNSUPPORTED_KWARGS = ("softcap", "sliding_window", "s_aux", "sinks", "cache")
+#: The ones transformers' sdpa ignores or refuses too: the model file's eager attention runs.
+_EAGER_KWARGS = ("softcap", "s_aux", "sinks")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _warned: set[tuple[str, str]] = set()
 
 
@@ -57,6 +62,16 @@ def register_attention(name: str = NAME) -> None:
     AttentionMaskInterface.register(name, eager_mask)
 
 
+def attention_weights_requested(module, kwargs: dict) -> bool:
+    """Whether a transformers attention call must return its weights: ``output_attentions``
+    passed down, else the module's ``config.output_attentions`` (transformers 5.x records
+    attentions asked for in the config without passing the value down)."""
+    requested = kwargs.get("output_attentions")
+    if requested is None:
+        requested = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(requested)
+
+
 def _is_causal(module, query, mask, kwargs) -> bool:
     """Whether transformers' sdpa would run this call causally (its own rule)."""
     is_causal = kwargs.get("is_causal")
@@ -64,15 +79,19 @@ def _is_causal(module, query, mask, kwargs) -> bool:
     return bool(is_causal) and mask is None and query.shape[2] > 1
 
 
-def _fallback_reason(query, key, value, mask, dropout, causal, kwargs) -> str | None:
+def _fallback_reason(module, query, key, value, mask, dropout, causal, kwargs) -> str | None:
     """Why ``window_attention`` cannot compute this call (None: it can)."""
     batch, heads, n, d = query.shape
     if dropout:
         return "attention dropout (training with attention_probs_dropout_prob > 0)"
     if causal:
         return "causal attention"
-    if query.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if attention_weights_requested(module, kwargs):
+        return "attention weights asked for (output_attentions)"
+    if query.dtype not in _FLOAT_DTYPES:
         return f"dtype {query.dtype}"
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return f"query/key/value dtypes differ ({query.dtype}, {key.dtype}, {value.dtype})"
     if key.shape != query.shape or value.shape != query.shape:
         return "key/value shapes differ from the query's (grouped heads, or cached keys)"
     if not 1 <= n <= MAX_TOKENS:
@@ -85,6 +104,8 @@ def _fallback_reason(query, key, value, mask, dropout, causal, kwargs) -> str | 
         return None
     if not mask.is_floating_point():
         return f"{mask.dtype} mask (the op takes additive float masks)"
+    if mask.dtype not in (*_FLOAT_DTYPES, query.dtype):
+        return f"{mask.dtype} mask with {query.dtype} queries"
     if (
         mask.dim() != 4
         or mask.shape[-2:] != (n, n)
@@ -97,8 +118,10 @@ def _fallback_reason(query, key, value, mask, dropout, causal, kwargs) -> str | 
 
 def _fallback(module, kwargs):
     """(function, name) that computes a call the op cannot: transformers' sdpa, or for what sdpa
-    refuses too (softcap, attention sinks) the model file's own ``eager_attention_forward``."""
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+    does not do either (softcap, attention sinks, returning the weights) the model file's own
+    ``eager_attention_forward``."""
+    eager_only = any(kwargs.get(name) is not None for name in _EAGER_KWARGS)
+    if eager_only or attention_weights_requested(module, kwargs):
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is not None:
             return eager, "eager"
@@ -143,7 +166,8 @@ def attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface signature: query, key, value ``(B, H, N, d)``,
     attention_mask an additive float mask broadcastable to ``(B, H, N, N)`` (or None).
-    Returns ``(output (B, N, H, d), None)`` like transformers' sdpa implementation."""
+    Returns ``(output (B, N, H, d), None)`` like transformers' sdpa implementation (the
+    fallback's weights where one runs: the eager one's when weights are asked for)."""
     causal = _is_causal(module, query, attention_mask, kwargs)
     position_bias = kwargs.get("position_bias")
     mergeable = attention_mask is None or attention_mask.is_floating_point()
@@ -153,7 +177,7 @@ def attention_forward(
         if attention_mask is not None:
             position_bias = position_bias + attention_mask
         attention_mask = position_bias
-    reason = _fallback_reason(query, key, value, attention_mask, dropout, causal, kwargs)
+    reason = _fallback_reason(module, query, key, value, attention_mask, dropout, causal, kwargs)
     if reason is not None:
         fallback, fallback_name = _fallback(module, kwargs)
         _warn_once(reason, fallback_name)

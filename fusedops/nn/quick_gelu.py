@@ -34,4 +34,4 @@ class GELUAsQuickGELU(nn.GELU):
 def fused_subclass(original: type) -> type:
     """A subclass of a user's QuickGELU class whose forward runs ``fusedops.quick_gelu``
     (same name, constructor and state_dict; ``isinstance(m, original)`` still holds)."""
-    return _fused_class.fused_subclass(original, _fused_forward, "fusedops.quick_gelu")
+    return _fused_class.fused_subclass(original, {"forward": _fused_forward}, "fusedops.quick_gelu")

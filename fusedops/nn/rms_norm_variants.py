@@ -84,4 +84,5 @@ def fused_subclass(original: type, variant: str) -> type:
         forward = FORWARDS[variant]
     except KeyError:
         raise ValueError(f"variant must be one of {', '.join(FORWARDS)}, got {variant!r}") from None
-    return _fused_class.fused_subclass(original, forward, f"fusedops.rms_norm ({variant})")
+    computed_by = f"fusedops.rms_norm ({variant})"
+    return _fused_class.fused_subclass(original, {"forward": forward}, computed_by)

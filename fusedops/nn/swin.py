@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from fusedops.nn import _fused_class
 from fusedops.ops import window_attention as _flash
 from fusedops.ops.swin_softmax import swin_attention_softmax
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
@@ -111,47 +112,15 @@ def window_attention_core(
 # ------------------------------------------------------------------------------------------
 # Fused subclasses of model libraries' Swin classes (used by the swin hook).
 
-_fused_classes: dict[type, type] = {}
-
 
 def fused_subclass(original: type, recognise) -> type | str:
     """A subclass of ``original`` with the attributes ``recognise(original)`` returns (a dict,
-    e.g. ``{"forward": ...}``; cached per class), ``original`` itself if it is already fused, or
-    the reason (a str) why it has no fused version. Same name, constructor and state_dict;
+    e.g. ``{"forward": ...}``), ``original`` itself if it is already fused, or the reason (a
+    str) why it has no fused version. Same name, constructor and state_dict;
     ``isinstance(m, original)`` holds; ``_fusedops_original`` is the class it replaces."""
     if original.__dict__.get("_fusedops_fused", False):
         return original
-    fused = _fused_classes.get(original)
-    if fused is None:
-        attributes = recognise(original)
-        if isinstance(attributes, str):
-            return attributes
-        fused = type(
-            original.__name__,
-            (original,),
-            {
-                **attributes,
-                "_fusedops_fused": True,
-                "_fusedops_original": original,
-                "__module__": original.__module__,
-                "__qualname__": original.__qualname__,
-                "__doc__": f"{original.__qualname__} with fusedops' Swin window ops.",
-            },
-        )
-        _fused_classes[original] = fused
-    return fused
-
-
-def fused_or_original(original: type, recognise) -> type:
-    """``fused_subclass``, or ``original`` with a warning saying why it stays unpatched."""
-    fused = fused_subclass(original, recognise)
-    if isinstance(fused, str):
-        import warnings
-
-        warnings.warn(
-            f"fusedops swin hook: {original.__module__}.{original.__qualname__} left unpatched: "
-            f"{fused}",
-            stacklevel=2,
-        )
-        return original
-    return fused
+    attributes = recognise(original)
+    if isinstance(attributes, str):
+        return attributes
+    return _fused_class.fused_subclass(original, attributes, "fusedops' Swin window ops")

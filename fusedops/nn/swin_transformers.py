@@ -13,10 +13,10 @@ outputs) and replaces its ``forward``:
   never built): ``fusedops.window_attention`` (flash-style, one kernel per direction) when no
   attention weights are asked for, else the products around the fused Swin softmax.
 
-The code shape of each class is recognised from its ``forward`` signature (and, for Swinv2's
-attention, its source); a class of a shape this module does not know gets no fused subclass
-(``fused_class`` returns None with the reason), so a transformers version it does not know keeps
-its own code.
+The code shape of each class is recognised from its ``forward`` signature (and, for the layers,
+``get_attn_mask``'s, with or without ``device``; for Swinv2's attention, its source); a class of
+a shape this module does not know gets no fused subclass (``recognise`` returns the reason), so
+a transformers version it does not know keeps its own code.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from fusedops.integrations.transformers import attention_weights_requested
 from fusedops.nn.swin import window_attention_core
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
@@ -44,9 +45,13 @@ def _windowed_attention(layer, hidden_states, height, width, attend):
     window, shift = layer.window_size, layer.shift_size
     windows = window_partition_roll(hidden_states, window, -shift)
     windows = windows.view(-1, window * window, channels)
-    mask = layer.get_attn_mask(
-        height_pad, width_pad, dtype=hidden_states.dtype, device=windows.device
-    )
+    if layer._fusedops_mask_takes_device:
+        mask = layer.get_attn_mask(
+            height_pad, width_pad, dtype=hidden_states.dtype, device=windows.device
+        )
+    else:  # early 4.x: get_attn_mask(height, width, dtype), on the CPU
+        mask = layer.get_attn_mask(height_pad, width_pad, hidden_states.dtype)
+        mask = None if mask is None else mask.to(windows.device)
     out, extra = attend(windows, mask)
     out = out.view(-1, window, window, channels)
     out = window_reverse_roll(out, window, height_pad, width_pad, shift)
@@ -158,7 +163,7 @@ def _swin_attention_forward(self, hidden_states, attention_mask=None, **kwargs):
     bias = self.relative_position_bias()[0]
     out, weights = window_attention_core(
         q, k, v, bias, attention_mask, self.scaling, self.attention_dropout, self.training,
-        need_weights=bool(kwargs.get("output_attentions", False)),
+        need_weights=attention_weights_requested(self, kwargs),
     )  # fmt: skip
     return self.o_proj(_merge_heads(out)), weights
 
@@ -246,6 +251,12 @@ SHAPES = {
     },
 }
 
+#: get_attn_mask's parameters (after self) in the layers -> whether it takes ``device``.
+MASK_SIGNATURES = {
+    ("height", "width", "dtype", "device"): True,
+    ("height", "width", "dtype"): False,
+}
+
 _MASK_TERM = "attention_mask.unsqueeze(1).unsqueeze(0)"
 
 
@@ -272,6 +283,11 @@ def recognise(original: type) -> dict | str:
     if forward is None:
         return f"its forward{params} is a code shape fusedops does not know"
     attributes = {"forward": forward}
+    if original.__name__.endswith("Layer"):
+        mask_params = tuple(inspect.signature(original.get_attn_mask).parameters)[1:]
+        if mask_params not in MASK_SIGNATURES:
+            return f"its get_attn_mask{mask_params} is a signature fusedops does not know"
+        attributes["_fusedops_mask_takes_device"] = MASK_SIGNATURES[mask_params]
     if original.__name__ == "Swinv2SelfAttention":
         scale = _swinv2_mask_scale(original)
         if isinstance(scale, str):

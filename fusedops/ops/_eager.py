@@ -6,8 +6,10 @@ the same forward/backward bodies. In plain eager execution the custom op's Pytho
 (autograd registration, redispatch, the Dynamo-disable guard) cost about 100 us a call on a
 fast host, more than a LayerNorm kernel on small rows takes on an H100; the autograd.Function
 costs a few microseconds. ``eager_fast_path`` says when the Function may be used: no
-compile/export tracing, no functorch transform, no dispatch or function mode, and plain
-tensors only. Both paths run the same code, so results are identical.
+compile/export tracing, no ``torch.jit.trace`` (which would record the Function as a Python call
+that ``torch.jit.save`` cannot serialise; the custom op is recorded as ``fusedops::<op>``), no
+functorch transform, no dispatch or function mode, and plain tensors only. Both paths run the
+same code, so results are identical.
 
 LayerNorm/RMSNorm on the CUDA backend go one step further in eager mode: one call into the
 extension, whose op records a C++ autograd node (bindings.cpp, NormFunction), so neither
@@ -25,7 +27,7 @@ PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 def eager_fast_path(*tensors: torch.Tensor | None) -> bool:
     """True when the op may call its autograd.Function directly instead of the custom op."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     for t in tensors:
         if t is not None and type(t) not in PLAIN_TENSOR_TYPES:

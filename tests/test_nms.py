@@ -322,6 +322,75 @@ def test_nan_scores_raise_value_error(backend):
             call()
 
 
+def _nan_case(device=DEVICE):
+    """Two boxes of two classes, the second scored NaN (the review's case)."""
+    boxes = torch.tensor([[0, 0, 10, 10], [20, 20, 30, 30]], dtype=torch.float32, device=device)
+    scores = torch.tensor([0.9, float("nan")], device=device)
+    return boxes, scores, torch.tensor([0, 1], device=device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_scores_with_several_classes_raise_value_error(backend):
+    """batched_soft_nms with a NaN score in a class of its own, and in a class shared with
+    others: ValueError, and the op's count is -1 with the other classes' picks the same on
+    every backend (a NaN-scored box is never picked)."""
+    boxes, scores, idxs = _nan_case()
+    with pytest.raises(ValueError, match="scores contains NaN"):
+        fusedops.batched_soft_nms(boxes, scores, idxs, backend=backend)
+    with pytest.raises(ValueError, match="scores contains NaN"):
+        fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+    many, many_scores = random_boxes(40, "heavy")
+    many_scores[[3, 17]] = float("nan")
+    many_idxs = torch.arange(40, device=DEVICE) % 3
+    for args in ((boxes, scores, idxs), (many, many_scores, many_idxs)):
+        inds, picked, count = nms_ops.SOFT_NMS(*args, 0.3, 0.5, 1e-3, 1, 0, backend)
+        want = nms_ops.SOFT_NMS(*(a.cpu() for a in args), 0.3, 0.5, 1e-3, 1, 0, "reference")
+        assert count.item() == -1
+        assert torch.equal(inds.cpu(), want[0]) and torch.equal(picked.cpu(), want[1])
+        assert not torch.isin(torch.nonzero(args[1].isnan()).flatten().cpu(), want[0]).any()
+
+
+def _bounded_while_loop(limit):
+    """lax.while_loop as a Python loop of at most ``limit`` steps (eager jax): a lowering that
+    would not terminate fails instead of hanging the test."""
+
+    def while_loop(cond, body, state):
+        for _ in range(limit):
+            if not bool(cond(state)):
+                return state
+            state = body(state)
+        raise AssertionError(f"the soft-NMS while_loop runs past {limit} steps")
+
+    return while_loop
+
+
+def test_xla_soft_nms_lowering_stops_at_nan_scores(monkeypatch):
+    """The lowering of fusedops::soft_nms with a NaN score (review's case, and many boxes):
+    every box is picked or dropped within N steps and count is -1."""
+    jax = pytest.importorskip("jax")
+    from types import SimpleNamespace
+
+    from jax import lax
+
+    from fusedops.kernels.xla import nms as xla_nms
+    from fusedops.xla import lower
+
+    lowering = lower.LOWERINGS[torch.ops.fusedops.soft_nms.default]
+    many, many_scores = random_boxes(30, "heavy", device="cpu")
+    many_scores[[0, 11]] = float("nan")
+    for boxes, scores, idxs in (_nan_case("cpu"), (many, many_scores, torch.arange(30) % 4)):
+        n = boxes.shape[0]
+        patched = SimpleNamespace(while_loop=_bounded_while_loop(n + 1), fori_loop=lax.fori_loop)
+        monkeypatch.setattr(xla_nms, "lax", patched)
+        for method in (0, 1, 2):
+            with jax.enable_x64(True):  # as inside fusedops' XLA programs
+                args = [jax.numpy.asarray(t.numpy()) for t in (boxes, scores, idxs)]
+                inds, picked, count = lowering(*args, 0.3, 0.5, 1e-3, method, 0)
+            assert int(count) == -1
+            want = nms_ops.SOFT_NMS(boxes, scores, idxs, 0.3, 0.5, 1e-3, method, 0, "reference")
+            assert np.array_equal(np.asarray(inds), want[0].numpy())
+
+
 BOXES = torch.zeros(3, 4)
 SCORES = torch.zeros(3)
 IDXS = torch.zeros(3, dtype=torch.int64)

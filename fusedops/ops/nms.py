@@ -13,7 +13,8 @@ Boxes are (x1, y1, x2, y2); IoU is computed in float32 for float32/float16/bfloa
   emitted whatever its score (as mmcv's first pick). Results are in decreasing final score
   order (ties: lower index first); batched_soft_nms is soft_nms per class, merged that way.
 - NaN scores raise ValueError (the check rides on the one host synchronisation the result's
-  size needs anyway).
+  size needs anyway). Inside the ops every backend gives count -1 and soft-NMS never picks a
+  NaN-scored box (the picks of the other boxes stay well defined; no backend loops or fails).
 
 Static and data-dependent parts. The custom ops have outputs of fixed shape, so they have fake
 implementations, run under torch.compile / torch.export and have XLA lowerings

@@ -203,16 +203,18 @@ def soft_nms_segments(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Soft-NMS on every segment at once: each step picks the best box of every segment that
     has boxes left (highest score, lowest position on ties), decays the rest of that segment
-    and drops what falls below min_score (see the module docstring for the outputs)."""
-    device, n = boxes_p.device, boxes_p.shape[0]
+    and drops what falls below min_score (see the module docstring for the outputs). A box
+    scored NaN is never picked (dropped from the start, as the kernels drop it)."""
+    n = boxes_p.shape[0]
     n_segments = seg_starts.numel() - 1
     boxes = boxes_p.to(scores_p.dtype)
     # the boxes in play, compacted after every step: rows x1 y1 x2 y2 area score; 1-D tensors
     # and few ops per step (small ops stay single-threaded: no OpenMP wake-ups)
-    state = torch.stack((*boxes.unbind(1), areas(boxes, offset), scores_p))
-    pos = torch.arange(n, device=device)
+    scored = torch.nonzero(~scores_p.isnan()).flatten()
+    state = torch.stack((*boxes.unbind(1), areas(boxes, offset), scores_p)).index_select(1, scored)
+    pos = scored
     segment = torch.searchsorted(seg_starts[1:], pos, right=True)
-    picks = []
+    picks = [(pos[:0], state[5, :0], segment[:0])]  # no picks at all when every score is NaN
     while pos.numel():
         picked, pick_of = _picks(state[5], segment, n_segments)
         picks.append((pos[picked], state[5, picked], segment[picked]))

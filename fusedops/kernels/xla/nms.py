@@ -3,8 +3,9 @@ NMS is not differentiable) with the same outputs as the eager ops (see ``fusedop
 
 nms walks the boxes in decreasing score order with ``lax.fori_loop``, each step removing the
 later boxes of the same class that the box (if still kept) overlaps above the threshold.
-soft-NMS runs ``lax.while_loop`` while boxes are left, each step picking the best live score
-(lowest index on ties), which gives the picks of all classes already in decreasing score order.
+soft-NMS runs ``lax.while_loop`` while boxes are left (at most N steps), each step picking the
+best live score (lowest index on ties), which gives the picks of all classes already in
+decreasing score order; a NaN-scored box is never live (count is -1 then).
 IoU in fp32 (fp64 for fp64 boxes) with the reference's formula.
 """
 
@@ -81,8 +82,8 @@ def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offse
     classes = _classes(idxs, n)
     index = jnp.arange(n)
 
-    def live_left(state):
-        return state[1].any()
+    def live_left(state):  # at most n steps, whatever the scores
+        return state[1].any() & (state[4] < n)
 
     def step(state):
         score, live, picks, picked, k = state
@@ -97,7 +98,7 @@ def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offse
 
     start = (
         scores.astype(dtype),
-        jnp.ones((n,), bool),
+        ~jnp.isnan(scores),  # a NaN-scored box is never picked (count is -1 anyway)
         jnp.full((n,), -1, jnp.int64),
         jnp.zeros((n,), dtype),
         jnp.zeros((), jnp.int64),

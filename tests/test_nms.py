@@ -110,14 +110,28 @@ def oracle_soft_nms(boxes, scores, thr, sigma, min_score, method, idxs=None, off
     return [p[0] for p in picks], [p[1] for p in picks]
 
 
-def check_soft(dets, inds, boxes, expected, *, atol=1e-6):
+#: Gaussian soft-NMS scores go through exp, whose last bits differ between implementations
+#: (Triton's GPU exp is approximate): within this relative rounding of the oracle's.
+GAUSSIAN_RTOL = 1e-5
+
+
+def check_soft(dets, inds, boxes, expected, method=None):
+    """Picks and scores against the oracle's: exactly in order, scores within 1e-6; for the
+    gaussian method (not bit-identical across backends, see kernels/triton/nms.py) the same
+    picks with scores within GAUSSIAN_RTOL, two picks that close in score in either order."""
     want_inds, want_scores = expected
-    assert inds.dtype == torch.int64 and inds.tolist() == want_inds
-    assert dets.shape == (len(want_inds), 5)
+    got = inds.tolist()
+    assert inds.dtype == torch.int64 and dets.shape == (len(want_inds), 5)
     torch.testing.assert_close(dets[:, :4].cpu(), boxes[inds].to(dets.dtype).cpu())
-    torch.testing.assert_close(
-        dets[:, 4].double().cpu(), torch.tensor(want_scores, dtype=torch.float64), atol=atol, rtol=0
-    )
+    scores = dets[:, 4].double().cpu()
+    want = torch.tensor(want_scores, dtype=torch.float64)
+    if method != "gaussian":
+        assert got == want_inds
+        torch.testing.assert_close(scores, want, atol=1e-6, rtol=0)
+        return
+    assert sorted(got) == sorted(want_inds) and bool((scores[1:] <= scores[:-1]).all())
+    by_index = torch.tensor([want_inds.index(i) for i in got], dtype=torch.int64)
+    torch.testing.assert_close(scores, want[by_index], atol=1e-6, rtol=GAUSSIAN_RTOL)
 
 
 # ------------------------------------------------------------------------------------------
@@ -251,12 +265,12 @@ def test_soft_nms_mmcv_golden_case(backend, method):
     boxes = torch.tensor(GOLDEN_BOXES, dtype=torch.float32, device=DEVICE)
     scores = torch.tensor([0.6, 0.9, 0.7, 0.2], device=DEVICE)
     dets, inds = fusedops.soft_nms(boxes, scores, 0.3, 0.5, 0.01, method, backend=backend)
-    check_soft(dets, inds, boxes, GOLDEN[method])
+    check_soft(dets, inds, boxes, GOLDEN[method], method)
     one_class = torch.zeros(4, dtype=torch.int64, device=DEVICE)
     dets, inds = fusedops.batched_soft_nms(
         boxes, scores, one_class, 0.3, 0.5, 0.01, method, backend=backend
     )
-    check_soft(dets, inds, boxes, GOLDEN[method])
+    check_soft(dets, inds, boxes, GOLDEN[method], method)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -267,11 +281,12 @@ def test_soft_nms_equals_the_loop(backend, method, offset):
     boxes, scores = random_boxes(n, "heavy")
     options = (0.3, 0.5, 0.05, method, offset)
     dets, inds = fusedops.soft_nms(boxes, scores, *options, backend=backend)
-    check_soft(dets, inds, boxes, oracle_soft_nms(boxes, scores, *options[:4], offset=offset))
+    expected = oracle_soft_nms(boxes, scores, *options[:4], offset=offset)
+    check_soft(dets, inds, boxes, expected, method)
     idxs = torch.randint(0, 3, (n,), device=DEVICE)
     dets, inds = fusedops.batched_soft_nms(boxes, scores, idxs, *options, backend=backend)
     expected = oracle_soft_nms(boxes, scores, *options[:4], idxs=idxs, offset=offset)
-    check_soft(dets, inds, boxes, expected)
+    check_soft(dets, inds, boxes, expected, method)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -574,8 +589,9 @@ def test_cuda_kernels_equal_reference_on_large_inputs(n):
 def test_cuda_soft_nms_equals_reference(n, method):
     """12000 boxes in one class exceed a block's shared memory (the workspace path); 3000
     boxes with many dropped exercise the compaction. The reference runs on the GPU too.
-    gaussian weights go through exp, whose last bit differs between implementations: there
-    the picks are compared as a set with their scores, elsewhere in order."""
+    gaussian weights go through exp, whose last bits differ between implementations: there
+    the picks are compared as a set with their scores (within GAUSSIAN_RTOL), elsewhere in
+    order and exactly."""
     boxes, scores = random_boxes(n, "heavy", device="cuda", seed=n)
     idxs = torch.randint(0, 80, (n,), device="cuda")
     for run, args in (
@@ -589,9 +605,9 @@ def test_cuda_soft_nms_equals_reference(n, method):
                 got_order, want_order = torch.argsort(inds), torch.argsort(want)
                 assert torch.equal(inds[got_order], want[want_order])
                 dets, want_dets = dets[got_order], want_dets[want_order]
-            else:
-                assert torch.equal(inds, want)
-            torch.testing.assert_close(dets, want_dets, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(dets, want_dets, atol=1e-6, rtol=GAUSSIAN_RTOL)
+            else:  # IoU and the naive / linear decay: bit-identical on every backend
+                assert torch.equal(inds, want) and torch.equal(dets, want_dets)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,9 @@
 
 Same functions and outputs as the Triton and CUDA backends (``fusedops.ops.nms`` describes the
 pipeline around them); every backend computes IoU with the same operations in the same order,
-so results are bit-identical on random inputs:
+so IoU, nms and the naive / linear soft-NMS are bit-identical across backends (gaussian
+soft-NMS goes through exp, whose last bits differ between implementations: its scores agree
+within float rounding, and two picks whose scores are that close may come in either order):
 
     area  = (x2 - x1 + offset) * (y2 - y1 + offset)
     inter = max(min(x2a, x2b) - max(x1a, x1b) + offset, 0) * (same for y)

@@ -15,7 +15,9 @@ find the next pick (highest score, lowest position on ties). Scores live in an f
 a dropped or picked box holds NaN there.
 
 IoU in fp32, correctly rounded division, and no fused multiply-adds (``enable_fp_fusion=False``),
-so the results equal the reference's bit for bit.
+so IoU, hence nms and the naive / linear soft-NMS decays, equal the reference's bit for bit.
+Gaussian soft-NMS goes through ``tl.exp`` (approximate on the GPU), so its scores are within
+float rounding of the reference's, not identical (two picks that close may swap places).
 """
 
 from __future__ import annotations

@@ -198,6 +198,32 @@ def test_partial_trace_lowers_into_one_xla_program_per_direction():
     assert not traced.stats.eager_ops
 
 
+def test_backward_chunks_ask_the_device_once(monkeypatch):
+    """The chunk count of the bias-gradient reduction (every backward call) reads the device's
+    multiprocessor count from fusedops.kernels.device's cache, not from CUDA each time."""
+    from types import SimpleNamespace
+
+    from fusedops.kernels import device
+    from fusedops.ops.swin_softmax import backward_chunks
+
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return SimpleNamespace(multi_processor_count=10)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    device._multiprocessors.cache_clear()
+    try:
+        gpu = torch.device("cuda", 0)
+        # 40 programs wanted over 3 row groups: 14 chunks, then balanced (8 windows a chunk)
+        assert [backward_chunks(100, 3, gpu) for _ in range(3)] == [13, 13, 13]
+        assert backward_chunks(5, 3, gpu) == 5 and backward_chunks(100, 3, torch.device("cpu")) == 2
+    finally:
+        device._multiprocessors.cache_clear()
+    assert asked == [0]
+
+
 ATTN = torch.zeros(4, 2, 3, 3)
 BIAS = torch.zeros(2, 3, 3)
 MASK = torch.zeros(2, 3, 3)

@@ -377,7 +377,7 @@ def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
     from fusedops.kernels.cuda import window_attention as cuda_path
 
     monkeypatch.setattr(cuda_path, "library", _EmulatedSoftmaxKernels)
-    monkeypatch.setattr(cuda_path, "_multiprocessors", lambda index: 3)
+    monkeypatch.setattr(cuda_path, "multiprocessors", lambda device: 3)
     q, k, v, bias, mask = _inputs(6, 2, 20, 16, F32, mask=(3, mask_fill))
     mask[1, 4, :] = mask_fill  # a fully masked row when the fill is -inf
     scale = 0.3

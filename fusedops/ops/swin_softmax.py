@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 
@@ -81,11 +82,9 @@ def backward_chunks(windows: int, row_groups: int, device: torch.device) -> int:
     the batch into (windows >= 1): enough programs (row_groups x chunks) to fill the device; a
     function of the shapes and the device only, so the fp32 partial sums and their fixed-order
     reduction are the same on every run."""
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4  # Triton's interpreter: a few chunks, so the reduction path is exercised
-    chunks = min(windows, 65535, max(1, -(-target // max(row_groups, 1))))
+    # Triton's interpreter: a few chunks, so the reduction path is exercised
+    target = programs_to_fill(device, 4, elsewhere=4)
+    chunks = groups_to_fill(windows, row_groups, target)
     per_chunk = -(-windows // chunks)
     return -(-windows // per_chunk)  # no empty chunk
 

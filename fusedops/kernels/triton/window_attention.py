@@ -25,13 +25,12 @@ one fixed order. No atomics: the same bits on every run.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from fusedops import _alloc, dispatch
+from fusedops.kernels.device import groups_to_fill, multiprocessors
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
@@ -416,11 +415,6 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _groups(q: torch.Tensor, key_blocks: int) -> int:
     """Window groups G of the backward: enough programs to fill the GPU, at most one per
     window. Fixed for a device and shape, so d_bias is summed in the same order every run."""
@@ -429,8 +423,8 @@ def _groups(q: torch.Tensor, key_blocks: int) -> int:
         return 0
     if q.device.type != "cuda" or dispatch.triton_interpreter():
         return min(windows, INTERPRETER_GROUPS)
-    target = PROGRAMS_PER_SM * _multiprocessors(q.device.index or 0)
-    return min(windows, max(1, -(-target // max(heads * key_blocks, 1))))
+    target = PROGRAMS_PER_SM * multiprocessors(q.device)
+    return groups_to_fill(windows, heads * key_blocks, target)
 
 
 def _dummy(q: torch.Tensor) -> torch.Tensor:

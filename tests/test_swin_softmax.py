@@ -282,6 +282,29 @@ def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("backend", "b", "nw", "heads", "n"),
+    [
+        ("triton", 1, 1, 16, 4096),  # 16 * 4096 rows of one window: 65536 row blocks
+        ("triton", 1025, 64, 1, 16),  # 65600 windows
+        ("cuda", 1025, 64, 1, 16),
+    ],
+)
+def test_gpu_grids_past_65535_windows_or_row_blocks(backend, b, nw, heads, n):
+    """Counts that CUDA's grid dims 1 and 2 cannot hold (65535 at most): the Triton forward's
+    grid is 1-D, the CUDA kernels stride over rows."""
+    attn, bias, mask = _inputs(b, nw, heads, n, "-100", torch.bfloat16)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn.detach(), bias.detach(), mask)
+    assert_close(probs, expected)
+    grad = random_tensor(probs.shape, torch.bfloat16, "cuda")
+    probs.backward(grad)
+    d_attn, d_bias = oracle_backward(expected, grad.double())
+    assert_close(attn.grad, d_attn)
+    assert_close(bias.grad, d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
+
+
+@pytest.mark.gpu
 def test_gpu_long_rows_go_to_triton():
     """N = 2304 (48x48 windows): past the CUDA kernel's 1024, taken by Triton automatically."""
     attn, bias, mask = _inputs(1, 2, 1, 2304, "-100", torch.float32)

@@ -416,6 +416,16 @@ def test_every_n_and_d_on_gpu(backend, n, d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("d", [32, 128])  # d = 128: two key blocks, the dq kernel runs too
+def test_more_window_heads_than_a_grid_dim_1_takes_on_gpu(backend, d):
+    """Swin-B stage 1 at batch 256: 256 * 64 windows x 4 heads = 65536 window-heads, one more
+    than CUDA allows grid dims 1 and 2 (the Triton kernels put them on dim 0)."""
+    q, k, v, bias, mask = _inputs(256 * 64, 4, 49, d, F16, mask=(64, -100.0))
+    _check(q, k, v, bias, mask, backend)
+
+
+@pytest.mark.gpu
 def test_a_kernel_backend_is_picked_on_gpu():
     q, k, v, bias, mask = _inputs(4, 2, 49, 32, BF16, mask=(2, -100.0))
     fusedops.window_attention(q, k, v, bias, mask)

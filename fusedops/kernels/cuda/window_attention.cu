@@ -8,7 +8,8 @@
 // the windows z = g, g + G, ... of row i, head h, and writes its fp32 sum of dS for them to
 // dbias_partial[g][h][i]; the G partials are summed in a fixed order afterwards. No atomics.
 //
-// One warp per row; lane l holds columns l, l + 32, ... (kCols of them, N <= 32 * kCols).
+// One warp per row; lane l holds columns l, l + 32, ... (kCols of them, N <= 32 * kCols). Warps
+// stride over the rows (grid_blocks caps the 1-D grid), so any Z * H * N fits CUDA's limits.
 #include <cmath>
 #include <cstdint>
 
@@ -58,15 +59,13 @@ __device__ __forceinline__ void load_logits(float (&x)[kCols], const float* __re
   }
 }
 
+// The forward of one row (this warp's): P and lse.
 template <typename T, int kCols>
-__global__ void softmax_forward_kernel(const float* __restrict__ scores,
-                                       const float* __restrict__ bias,
-                                       const float* __restrict__ mask, T* __restrict__ probs,
-                                       float* __restrict__ lse, int64_t rows, int64_t heads,
-                                       int64_t n, int64_t windows, float scale) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
+__device__ __forceinline__ void forward_row(const float* __restrict__ scores,
+                                            const float* __restrict__ bias,
+                                            const float* __restrict__ mask, T* __restrict__ probs,
+                                            float* __restrict__ lse, int64_t row, int64_t heads,
+                                            int64_t n, int64_t windows, float scale, int lane) {
   float x[kCols];
   load_logits(x, scores, bias, mask, row, heads, n, windows, scale, lane);
   float row_max = -INFINITY;
@@ -91,21 +90,32 @@ __global__ void softmax_forward_kernel(const float* __restrict__ scores,
   if (lane == 0) lse[row] = total > 0.0f ? shift + logf(total) : INFINITY;
 }
 
+// Warps stride over the rows (a whole warp per row, so every lane reaches the shuffles).
 template <typename T, int kCols>
-__global__ void softmax_backward_kernel(const float* __restrict__ scores,
-                                        const float* __restrict__ dprobs,
-                                        const float* __restrict__ bias,
-                                        const float* __restrict__ mask,
-                                        const float* __restrict__ lse, T* __restrict__ probs,
-                                        T* __restrict__ dscores, float* __restrict__ dbias_partial,
-                                        int64_t groups, int64_t batch, int64_t heads, int64_t n,
-                                        int64_t windows, float scale) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  if (warp >= groups * heads * n) return;
-  const int lane = threadIdx.x;
-  const int64_t i = warp % n;
-  const int64_t h = (warp / n) % heads;
-  const int64_t g = warp / (n * heads);
+__global__ void softmax_forward_kernel(const float* __restrict__ scores,
+                                       const float* __restrict__ bias,
+                                       const float* __restrict__ mask, T* __restrict__ probs,
+                                       float* __restrict__ lse, int64_t rows, int64_t heads,
+                                       int64_t n, int64_t windows, float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y; row < rows;
+       row += stride) {
+    forward_row<T, kCols>(scores, bias, mask, probs, lse, row, heads, n, windows, scale,
+                          threadIdx.x);
+  }
+}
+
+// The backward of row i, head h over the windows g, g + G, ... (this warp's item).
+template <typename T, int kCols>
+__device__ __forceinline__ void backward_item(
+    const float* __restrict__ scores, const float* __restrict__ dprobs,
+    const float* __restrict__ bias, const float* __restrict__ mask, const float* __restrict__ lse,
+    T* __restrict__ probs, T* __restrict__ dscores, float* __restrict__ dbias_partial,
+    int64_t item, int64_t groups, int64_t batch, int64_t heads, int64_t n, int64_t windows,
+    float scale, int lane) {
+  const int64_t i = item % n;
+  const int64_t h = (item / n) % heads;
+  const int64_t g = item / (n * heads);
   float dbias[kCols] = {};
   for (int64_t z = g; z < batch; z += groups) {
     const int64_t row = (z * heads + h) * n + i;
@@ -141,9 +151,26 @@ __global__ void softmax_backward_kernel(const float* __restrict__ scores,
   }
 }
 
-unsigned int blocks_for(int64_t warps) {
-  return static_cast<unsigned int>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+// Warps stride over the G * H * N items (a whole warp per item).
+template <typename T, int kCols>
+__global__ void softmax_backward_kernel(const float* __restrict__ scores,
+                                        const float* __restrict__ dprobs,
+                                        const float* __restrict__ bias,
+                                        const float* __restrict__ mask,
+                                        const float* __restrict__ lse, T* __restrict__ probs,
+                                        T* __restrict__ dscores, float* __restrict__ dbias_partial,
+                                        int64_t groups, int64_t batch, int64_t heads, int64_t n,
+                                        int64_t windows, float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
+       item < groups * heads * n; item += stride) {
+    backward_item<T, kCols>(scores, dprobs, bias, mask, lse, probs, dscores, dbias_partial, item,
+                            groups, batch, heads, n, windows, scale, threadIdx.x);
+  }
 }
+
+// Blocks of kWarpsPerBlock warps for `warps` warp-sized items, capped (the kernels stride).
+unsigned int blocks_for(int64_t warps) { return grid_blocks(warps, kWarpsPerBlock); }
 
 // Runs BODY with kCols bound to the smallest of 1, 2, 4, 8 covering n columns (n <= 256).
 #define WINDOW_ATTENTION_DISPATCH_COLS(N, ...)     \

@@ -3,6 +3,7 @@ with torch.softmax, every backend available here."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,40 @@ def test_fully_masked_rows_give_zeros_not_nan(backend):
     assert not attn.grad.isnan().any() and torch.equal(
         attn.grad[1::2], torch.zeros_like(probs[1::2])
     )
+
+
+def _xla_softmax(attn, bias, mask):
+    """The XLA lowering of fusedops::swin_attention_softmax, run on JAX arrays."""
+    jnp = pytest.importorskip("jax.numpy")
+    from fusedops.xla import lower
+
+    lowering = lower.LOWERINGS[torch.ops.fusedops.swin_attention_softmax.default]
+    args = [jnp.asarray(t.detach().cpu().numpy()) for t in (attn, bias, mask)]
+    return torch.from_numpy(np.asarray(lowering(*args)).copy())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", [*BACKENDS, "xla"])
+def test_rows_with_nan_or_inf_give_nan_as_torch_softmax(backend):
+    """A row holding NaN or +inf gives NaN (torch.softmax's answer), also a row whose other
+    entries are all -inf; only a row of -inf alone is "fully masked" and gives zeros."""
+    attn = random_tensor((4, 2, 5, 5), torch.float32, DEVICE)
+    bias = random_tensor((2, 5, 5), torch.float32, DEVICE)
+    mask = torch.zeros(2, 5, 5, device=DEVICE)
+    mask[1, 2] = -math.inf  # row 2 of windows 1 and 3: fully masked
+    attn[0, 0, 1, 2] = math.nan
+    attn[0, 1, 3, 0] = math.inf
+    attn[3, 1, 2, 4] = math.nan  # in a fully masked row
+    attn[2, 0, 4] = -math.inf
+    attn[2, 0, 4, 1] = math.inf  # -inf everywhere but one +inf
+    if backend == "xla":
+        probs = _xla_softmax(attn, bias, mask)
+    else:
+        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn, bias, mask)
+    assert expected[0, 0, 1].isnan().all() and expected[3, 1, 2].isnan().all()
+    assert expected[2, 0, 4].isnan().all() and torch.equal(expected[1, :, 2], torch.zeros(2, 5))
+    assert_close(probs, expected)  # NaN exactly where torch has NaN
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

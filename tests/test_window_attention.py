@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -113,6 +114,44 @@ def test_fully_masked_rows_give_zeros_not_nan(backend):
     for t in (q.grad, k.grad, v.grad, bias.grad):
         assert torch.isfinite(t).all()
     assert torch.equal(q.grad[1::2], torch.zeros_like(q.grad[1::2]))
+
+
+def _softmax_oracle(q, k, v, bias, mask, scale):
+    """torch.softmax(scores) @ v in float64, a row of -inf alone giving zeros."""
+    c = [t.detach().double() if t is not None else None for t in (q, k, v, bias, mask)]
+    s = c[0] @ c[1].transpose(-1, -2) * scale + c[3]
+    s = (s.view(-1, c[4].shape[0], *s.shape[1:]) + c[4][None, :, None]).view(s.shape)
+    probs = torch.where(torch.isneginf(s).all(-1, keepdim=True), 0.0, torch.softmax(s, -1))
+    return probs @ c[2]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", [*BACKENDS, "xla"])
+def test_rows_with_nan_or_inf_scores_give_nan_rows(backend):
+    """As the Swin softmax: a score row holding NaN or +inf gives a NaN output row (softmax
+    is NaN there, as torch's), even where the row's other scores are all -inf; a row of -inf
+    alone gives zeros."""
+    q, k, v, bias, _ = _inputs(4, 2, 16, 16, F32)
+    mask = _mask(2, 16, float("-inf"))
+    mask[1, 3, :] = float("-inf")  # row 3 of the odd windows: fully masked...
+    mask[1, 3, 9] = float("nan")  # ... but for a NaN
+    mask[1, 5, :] = float("-inf")  # row 5 of the odd windows: fully masked
+    mask[0, 6, 2] = float("nan")
+    mask[0, 7, 4] = float("inf")
+    if backend == "xla":
+        jnp = pytest.importorskip("jax.numpy")
+        from fusedops.xla import lower
+
+        args = [jnp.asarray(t.detach().numpy()) for t in (q, k, v, bias, mask)]
+        out, _ = lower.LOWERINGS[torch.ops.fusedops.window_attention.default](*args, 0.25)
+        out = torch.from_numpy(np.asarray(out).copy())
+    else:
+        out = fusedops.window_attention(q, k, v, bias, mask, 0.25, backend=backend)
+    expected = _softmax_oracle(q, k, v, bias, mask, 0.25)
+    for window, row in ((1, 3), (0, 6), (0, 7)):
+        assert expected[window::2, :, row].isnan().all()
+    assert torch.equal(expected[1::2, :, 5], torch.zeros(2, 2, 16, dtype=torch.float64))
+    assert_close(out, expected)  # NaN exactly where the oracle has NaN
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,7 +4,8 @@ attn: (B*nW, heads, N, N) scores; bias: (heads, N, N) relative-position bias; ma
 or None, window b of the batch using ``mask[b % nW]`` (the windows of one image are
 consecutive, as Swin lays them out). Per row, in fp32 (fp64 for fp64 inputs on the reference
 backend): ``z = attn + bias + mask``, ``p = exp(z - max z) / sum exp(z - max z)``; a row whose
-every entry is -inf gives zeros (not NaN). Output in attn's dtype.
+every entry is -inf (max -inf) gives zeros, not NaN; a row holding NaN or +inf gives NaN, as
+torch.softmax (``ops/_swin.py``, the rule every backend follows). Output in attn's dtype.
 
 Backward from the saved output p: ``dz = p * (dp - sum(dp * p))``; ``d_attn = dz`` (attn's
 dtype) and ``d_bias = sum over the B*nW windows of dz`` (fp32), reduced deterministically
@@ -17,7 +18,6 @@ mask already in the compute dtype (fp32; fp64 with fp64 attn), and
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
@@ -26,6 +26,7 @@ from fusedops import dispatch
 from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._swin import add_window_mask, masked_softmax
 
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
 MAX_N = {"triton": 4096, "cuda": 1024}
@@ -42,13 +43,8 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
 def _ref_forward(attn, bias, mask):
     z = attn.to(compute_dtype(attn)) + bias
     if mask is not None:
-        windows, heads, n = mask.shape[0], attn.shape[1], attn.shape[2]
-        z = (z.view(-1, windows, heads, n, n) + mask[None, :, None]).view(attn.shape)
-    top = z.amax(dim=-1, keepdim=True)
-    top = torch.where(top == -math.inf, 0.0, top)  # a fully -inf row: exp(-inf) = 0 everywhere
-    e = torch.exp(z - top)
-    total = e.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, e / total, 0.0).to(attn.dtype)
+        z = add_window_mask(z, mask)
+    return masked_softmax(z).to(attn.dtype)
 
 
 def _ref_backward(grad, probs):
@@ -154,7 +150,8 @@ def swin_attention_softmax(
     attn: (B*nW, heads, N, N) float16/bfloat16/float32 (float64 on the reference backend).
     relative_pos_bias: (heads, N, N), any float dtype; gets a gradient (summed over windows).
     attn_mask: (nW, N, N) any float dtype, or None; nW must divide attn's first dim; no gradient
-    (Swin's -100 shift mask and -inf masks both work; a fully -inf row gives zeros).
+    (Swin's -100 shift mask and -inf masks both work; a fully -inf row gives zeros, a row
+    holding NaN or +inf gives NaN as torch.softmax).
     Returns a contiguous tensor of attn's shape and dtype; statistics in fp32.
     """
     check_tensor(attn, "attn")

@@ -6,8 +6,10 @@ relative_pos_bias ``(H, N, N)`` shared by every window; attn_mask ``(nW, N, N)``
 using ``attn_mask[z % nW]``. The output is ``(Z, H, N, d)`` in q's dtype.
 
 Softmax statistics are fp32 (fp64 for fp64 inputs on the reference backend). A query row whose
-scores are all -inf (fully masked) gives a zero output row and zero gradients, never NaN; its
-saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the backward.
+scores are all -inf (fully masked: its max is -inf) gives a zero output row and zero gradients,
+never NaN; its saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the
+backward. A row holding a NaN or +inf score gives a NaN output row, as torch.softmax would
+(``ops/_swin.py``: the rule every backend follows).
 
 Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(P dP))``
 (every backend takes the rowsum from P dP, not from dO * O with O rounded), ``dQ = dS K * scale``,
@@ -22,6 +24,7 @@ the kernels); bias and mask are contiguous.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -29,6 +32,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._swin import add_window_mask, masked_softmax, shifted_exp
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -52,21 +56,16 @@ def _scores(q, k, bias, mask, scale):
     if bias is not None:
         s = s + bias.to(c)
     if mask is not None:
-        windows = mask.shape[0]
-        by_image = s.view(s.shape[0] // windows, windows, *s.shape[1:])
-        s = (by_image + mask.to(c)[None, :, None]).view(s.shape)
+        s = add_window_mask(s, mask.to(c))
     return s
 
 
 def _ref_forward(q, k, v, bias, mask, scale):
     s = _scores(q, k, bias, mask, scale)
-    row_max = s.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
-    p = torch.exp(s - row_max)
+    p, shift, masked = shifted_exp(s)
     total = p.sum(dim=-1, keepdim=True)
-    nonempty = total > 0
-    out = torch.matmul(p, v.to(s.dtype)) / torch.where(nonempty, total, torch.ones_like(total))
-    lse = torch.where(nonempty, row_max + torch.log(total), torch.full_like(total, float("inf")))
+    out = torch.where(masked, 0.0, torch.matmul(p, v.to(s.dtype)) / total)
+    lse = torch.where(masked, math.inf, shift + torch.log(total))
     return out.to(q.dtype), lse.squeeze(-1)
 
 
@@ -289,6 +288,6 @@ def attention_core(
     n, d = q.shape[-2:]
     if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
         return window_attention(q, k, v, bias, mask, scale)
-    probs = torch.softmax(_scores(q, k, bias, mask, scale), dim=-1)
+    probs = masked_softmax(_scores(q, k, bias, mask, scale))  # fully masked rows: 0, as fused
     probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
     return torch.matmul(probs.to(v.dtype), v)

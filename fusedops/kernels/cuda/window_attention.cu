@@ -2,7 +2,8 @@
 // kernels/cuda/window_attention.py): S = q k^T comes in as fp32 (Z, H, N, N) rows, N <= 256.
 //
 // Forward: per row, x = S * scale + bias[h][i] + mask[z % nW][i]; P = softmax(x) in the input
-// dtype, lse = logsumexp(x) in fp32 (+inf for a row whose x are all -inf: its P is 0).
+// dtype, lse = logsumexp(x) in fp32 (+inf for a row whose x are all -inf: its P is 0; NaN for a
+// row holding NaN or +inf, whose P is NaN as torch.softmax's).
 // Backward: per row, P = exp(x - lse), dS = P * (dP - sum(P dP)); writes P and dS * scale (input
 // dtype, for the dV / dQ / dK products) and, when asked, d_bias partials: warp (g, h, i) handles
 // the windows z = g, g + G, ... of row i, head h, and writes its fp32 sum of dS for them to
@@ -23,7 +24,9 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = max_nan(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
   return v;
 }
 
@@ -70,9 +73,10 @@ __device__ __forceinline__ void forward_row(const float* __restrict__ scores,
   load_logits(x, scores, bias, mask, row, heads, n, windows, scale, lane);
   float row_max = -INFINITY;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) row_max = fmaxf(row_max, x[c]);
-  row_max = warp_max(row_max);
-  const float shift = row_max == -INFINITY ? 0.0f : row_max;  // fully masked: no NaN
+  for (int c = 0; c < kCols; ++c) row_max = max_nan(row_max, x[c]);
+  row_max = warp_max(row_max);  // NaN for a row holding NaN: P and lse NaN (torch's softmax)
+  const bool masked = row_max == -INFINITY;  // fully masked: P = 0, lse = +inf, no NaN
+  const float shift = masked ? 0.0f : row_max;
   float total = 0.0f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
@@ -80,14 +84,14 @@ __device__ __forceinline__ void forward_row(const float* __restrict__ scores,
     total += x[c];
   }
   total = warp_sum(total);
-  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+  const float inverse = masked ? 0.0f : 1.0f / total;
   T* p = probs + row * n;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int64_t j = lane + 32 * c;
     if (j < n) p[j] = from_float<T>(x[c] * inverse);
   }
-  if (lane == 0) lse[row] = total > 0.0f ? shift + logf(total) : INFINITY;
+  if (lane == 0) lse[row] = masked ? INFINITY : shift + logf(total);
 }
 
 // Warps stride over the rows (a whole warp per row, so every lane reaches the shuffles).

@@ -35,6 +35,8 @@ import triton.language as tl
 
 from fusedops import _alloc, dispatch
 from fusedops.kernels.device import groups_to_fill, multiprocessors
+from fusedops.kernels.triton._softmax import maximum_nan
+from fusedops.kernels.triton._softmax import row_max as row_max_nan
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
@@ -165,18 +167,17 @@ def _forward_kernel(
         s = _scores(
             q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
         )
-        new_max = tl.maximum(row_max, tl.max(s, axis=1))
+        new_max = maximum_nan(row_max, row_max_nan(s))  # NaN once the row holds one
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: no NaN
         alpha = tl.exp(row_max - shift)
         p = tl.exp(s - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         row_max = new_max
-    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    nonempty = total > 0.0
-    total = tl.where(nonempty, total, 1.0)
+    masked = row_max == float("-inf")  # every score -inf: output 0, lse +inf
+    total = tl.where(masked, 1.0, total)
     out = acc / total[:, None]
-    lse = tl.where(nonempty, shift + tl.log(total), float("inf"))
+    lse = tl.where(masked, float("inf"), row_max + tl.log(total))
     row_ok = rows < N
     out_rows = zh * N + rows
     cols_d = tl.arange(0, D)

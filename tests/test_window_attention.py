@@ -69,7 +69,7 @@ def _expected(q, k, v, bias, mask, dout, scale):
     """Output and (dq, dk, dv, dbias) from the reference in float64."""
     c = [t.detach().double() if t is not None else None for t in (q, k, v, bias, mask)]
     out, lse = reference.forward(*c, scale)
-    grads = reference.backward(dout.double(), *c, out, lse, scale, bias is not None)
+    grads = reference.backward(dout.double(), *c, lse, scale, bias is not None)
     return out, grads
 
 
@@ -198,6 +198,18 @@ def test_bias_gradient_is_deterministic(backend):
     assert torch.equal(grads[0], grads[1])
 
 
+def test_the_output_is_not_saved_for_the_backward():
+    """No backend reads out in the backward (the softmax rowsum comes from P dP): it is not an
+    argument of the backward op, and autograd does not keep it (one (Z, H, N, d) activation
+    per layer)."""
+    schema = torch.ops.fusedops.window_attention_backward.default._schema
+    assert [a.name for a in schema.arguments][:7] == ["dout", "q", "k", "v", "bias", "mask", "lse"]
+    q, k, v, bias, mask = _inputs(2, 1, 16, 16, F32, mask=(1, -100.0))
+    out = fusedops.window_attention(q, k, v, bias, mask)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert len(saved) == 6 and all(t.data_ptr() != out.data_ptr() for t in saved)
+
+
 def test_gradcheck_reference():
     q, k, v, bias, _ = _inputs(4, 2, 5, 16, torch.float64)
     mask = _mask(2, 5, -100.0, torch.float64)
@@ -317,7 +329,7 @@ def test_xla_lowerings_match_reference(dtype):
         *map(to_jax, (q, k, v, bias, mask)), 0.25
     )
     grads = lower.LOWERINGS[ops.window_attention_backward.default](
-        *map(to_jax, (dout, q, k, v, bias, mask)), out, lse, 0.25, True
+        *map(to_jax, (dout, q, k, v, bias, mask)), lse, 0.25, True
     )
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, 0.25)
     assert_close(to_torch(out), expected, dtype=dtype, msg="out")
@@ -423,7 +435,7 @@ def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
     out, lse = cuda_path.forward(q, k, v, bias, mask, scale)
     dout = random_tensor(out.shape, F32, "cpu")
     assert cuda_path._groups(q) == 3  # 96 warps over 2 heads x 20 rows: 3 window groups
-    grads = cuda_path.backward(dout, q, k, v, bias, mask, out, lse, scale, True)
+    grads = cuda_path.backward(dout, q, k, v, bias, mask, lse, scale, True)
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, scale)
     assert_close(out, expected)
     for name, actual, want in zip(("dq", "dk", "dv", "dbias"), grads, expected_grads):

@@ -17,8 +17,9 @@ Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP
 partials, then one fixed-order sum). The mask gets no gradient.
 
 Every backend exposes ``forward(q, k, v, bias, mask, scale) -> (out, lse)`` (lse ``(Z, H, N)``)
-and ``backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
-(dbias None unless ``bias_grad``). q, k, v and dout may be strided views (last dim stride 1 for
+and ``backward(dout, q, k, v, bias, mask, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
+(dbias None unless ``bias_grad``; the output is not an argument, nor saved: no backend needs
+it). q, k, v and dout may be strided views (last dim stride 1 for
 the kernels); bias and mask are contiguous.
 """
 
@@ -69,7 +70,7 @@ def _ref_forward(q, k, v, bias, mask, scale):
     return out.to(q.dtype), lse.squeeze(-1)
 
 
-def _ref_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+def _ref_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     s = _scores(q, k, bias, mask, scale)
     c = s.dtype
     p = torch.exp(s - lse.to(c)[..., None])
@@ -139,7 +140,6 @@ def _backward_body(
     v: torch.Tensor,
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
-    out: torch.Tensor,
     lse: torch.Tensor,
     scale: float,
     bias_grad: bool,
@@ -148,12 +148,12 @@ def _backward_body(
     impl = _select(q, k, v, bias, mask, backend)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad)
+    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, lse, scale, bias_grad)
     # custom ops return tensors only: an absent gradient travels as an empty tensor
     return dq, dk, dv, dbias if dbias is not None else q.new_empty((0,))
 
 
-def _backward_fake(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+def _backward_fake(dout, q, k, v, bias, mask, lse, scale, bias_grad, backend=None):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
@@ -163,20 +163,18 @@ def _backward_fake(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backen
 
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, mask, scale, backend = inputs
-    out, lse = output
+    _, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+    ctx.save_for_backward(q, k, v, bias, mask, lse)
     ctx.scale = scale
     # An explicit choice made around the forward (use_backend, env) also holds for the backward.
     ctx.backend = dispatch.requested(backend)
 
 
 def _grads(ctx, backward, dout, _dlse):
-    q, k, v, bias, mask, out, lse = ctx.saved_tensors
+    q, k, v, bias, mask, lse = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = backward(
-        dout, q, k, v, bias, mask, out, lse, ctx.scale, bias_grad, ctx.backend
-    )
+    dq, dk, dv, dbias = backward(dout, q, k, v, bias, mask, lse, ctx.scale, bias_grad, ctx.backend)
     return dq, dk, dv, dbias if bias_grad else None, None, None, None
 
 

@@ -56,7 +56,7 @@ def forward(q, k, v, bias, mask, scale):
     return torch.matmul(probs, v).contiguous(), lse
 
 
-def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``)."""
     windows, heads, n, _ = q.shape
     groups = _groups(q)

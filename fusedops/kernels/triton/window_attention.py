@@ -473,9 +473,9 @@ def forward(q, k, v, bias, mask, scale):
     return out, lse
 
 
-def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
-    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``). ``out`` is
-    not read: the softmax backward's rowsum is taken from P dP."""
+def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
+    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``); the softmax
+    backward's rowsum is taken from P dP, so the forward's output is not needed."""
     q, k, v, dout = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(dout)
     windows, heads, n, d = q.shape
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -41,7 +41,7 @@ def window_attention(q, k, v, bias, mask, scale, backend=None):
 
 
 @register(fusedops.window_attention_backward.default)
-def window_attention_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+def window_attention_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad, backend=None):
     s = _scores(q, k, bias, mask, scale)
     p = jnp.exp(s - lse.astype(s.dtype)[..., None])
     do = dout.astype(s.dtype)

@@ -51,6 +51,7 @@ from fusedops import dispatch
 from fusedops.ops import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 
 NAME = "bias_dropout_add"
 #: Seed and offset are drawn in [0, SEED_BOUND).
@@ -58,10 +59,6 @@ SEED_BOUND = 2**62
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
-
-
-def _compute_dtype(*dtypes: torch.dtype | None) -> torch.dtype:
-    return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
 def keep_mask(seed: torch.Tensor, p: float, n: int) -> torch.Tensor:
@@ -83,7 +80,7 @@ def _dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tens
 
 
 def _reference_forward(x, bias, residual, seed, p):
-    compute = _compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+    compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
     if bias is not None:
         v = v + bias.to(compute)
@@ -91,7 +88,7 @@ def _reference_forward(x, bias, residual, seed, p):
 
 
 def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
-    g = _dropout(grad.to(_compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
+    g = _dropout(grad.to(compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
     grad_bias = None
     if bias_dtype is not None:
         width = grad.shape[-1] if grad.dim() else 1

@@ -45,6 +45,7 @@ from fusedops import _alloc, dispatch
 from fusedops.ops import nms_reference
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 
 SOFT_NMS_METHODS = {
     "naive": nms_reference.NAIVE,
@@ -149,7 +150,7 @@ def _soft_nms_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = boxes.shape[0]
     impl = dispatch.select("soft_nms", boxes, backend=backend)
-    score_dtype = nms_reference.compute_dtype(boxes)
+    score_dtype = compute_dtype(boxes.dtype)
     if n == 0:
         empty = boxes.new_empty((0,), dtype=torch.int64)
         zero = boxes.new_zeros((), dtype=torch.int64)
@@ -193,7 +194,7 @@ def _soft_nms_fake(
     boxes, scores, idxs, iou_threshold, sigma, min_score, method, offset, backend=None
 ):
     n = boxes.shape[0]
-    score_dtype = nms_reference.compute_dtype(boxes)
+    score_dtype = compute_dtype(boxes.dtype)
     return (
         boxes.new_empty((n,), dtype=torch.int64),
         boxes.new_empty((n,), dtype=score_dtype),

@@ -30,6 +30,8 @@ import functools
 
 import torch
 
+from fusedops.ops._dtypes import compute_dtype
+
 #: soft-NMS methods, coded as mmcv codes them.
 NAIVE, LINEAR, GAUSSIAN = 0, 1, 2
 
@@ -55,11 +57,6 @@ def one_thread_on_cpu(core):
             torch.set_num_threads(threads)
 
     return run
-
-
-def compute_dtype(boxes: torch.Tensor) -> torch.dtype:
-    """IoU and soft-NMS scores are computed in float32 (float64 for float64 boxes)."""
-    return torch.float64 if boxes.dtype == torch.float64 else torch.float32
 
 
 def areas(boxes: torch.Tensor, offset: int) -> torch.Tensor:
@@ -164,7 +161,7 @@ def nms_walk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy NMS in processing order (see the module docstring)."""
     n = boxes_p.shape[0]
-    boxes = boxes_p.to(compute_dtype(boxes_p))
+    boxes = boxes_p.to(compute_dtype(boxes_p.dtype))
     if classes_p is None:
         keep = _greedy_keep(boxes, iou_threshold, offset)
     else:

@@ -26,6 +26,7 @@ from fusedops import dispatch
 from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._swin import add_window_mask, masked_softmax
 
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
@@ -35,20 +36,15 @@ MAX_N = {"triton": 4096, "cuda": 1024}
 # Reference (plain PyTorch): the CPU path and the test oracle.
 
 
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """fp64 for fp64 inputs (reference backend), fp32 otherwise."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _ref_forward(attn, bias, mask):
-    z = attn.to(compute_dtype(attn)) + bias
+    z = attn.to(compute_dtype(attn.dtype)) + bias
     if mask is not None:
         z = add_window_mask(z, mask)
     return masked_softmax(z).to(attn.dtype)
 
 
 def _ref_backward(grad, probs):
-    p = probs.to(compute_dtype(probs))
+    p = probs.to(compute_dtype(probs.dtype))
     g = grad.to(p.dtype)
     dz = p * (g - (p * g).sum(dim=-1, keepdim=True))
     return dz.to(probs.dtype), dz.sum(dim=0)
@@ -103,7 +99,8 @@ def _backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = dispatch.select("swin_attention_softmax", probs, backend=backend)
     if probs.numel() == 0:  # no windows (or heads): nothing to launch, a zero bias gradient
-        return torch.empty_like(probs), probs.new_zeros(probs.shape[1:], dtype=compute_dtype(probs))
+        d_bias = probs.new_zeros(probs.shape[1:], dtype=compute_dtype(probs.dtype))
+        return torch.empty_like(probs), d_bias
     return impl.backward(grad.contiguous(), probs)
 
 
@@ -112,7 +109,7 @@ def _forward_fake(attn, bias, mask, backend):
 
 
 def _backward_fake(grad, probs, backend):
-    d_bias = probs.new_empty(probs.shape[1:], dtype=compute_dtype(probs))
+    d_bias = probs.new_empty(probs.shape[1:], dtype=compute_dtype(probs.dtype))
     return torch.empty_like(probs, memory_format=torch.contiguous_format), d_bias
 
 
@@ -165,7 +162,7 @@ def swin_attention_softmax(
             f"got {tuple(relative_pos_bias.shape)}"
         )
     check_same_device(attn, "attn", relative_pos_bias=relative_pos_bias, attn_mask=attn_mask)
-    dtype = compute_dtype(attn)
+    dtype = compute_dtype(attn.dtype)
     if attn_mask is not None:
         check_tensor(attn_mask, "attn_mask")
         if attn_mask.dim() != 3 or tuple(attn_mask.shape[1:]) != (n, n) or attn_mask.shape[0] < 1:

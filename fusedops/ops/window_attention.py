@@ -33,6 +33,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._swin import add_window_mask, masked_softmax, shifted_exp
 
 #: Largest window (tokens per window) the kernels take.
@@ -46,13 +47,9 @@ KERNEL_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
 
 
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _scores(q, k, bias, mask, scale):
     """``q @ k^T * scale + bias + mask[z % nW]`` in the compute dtype, (Z, H, N, N)."""
-    c = _compute_dtype(q)
+    c = compute_dtype(q.dtype)
     s = torch.matmul(q.to(c), k.to(c).transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias.to(c)
@@ -130,7 +127,7 @@ def _forward(
 
 def _forward_fake(q, k, v, bias, mask, scale, backend=None):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty(q.shape[:-1], dtype=_compute_dtype(q))
+    return out, q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype))
 
 
 def _backward_body(

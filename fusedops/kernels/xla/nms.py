@@ -16,13 +16,9 @@ import torch
 from jax import lax
 
 from fusedops.ops.nms_reference import GAUSSIAN, NAIVE
-from fusedops.xla.lower import register
+from fusedops.xla.lower import compute_dtype, register
 
 fusedops = torch.ops.fusedops
-
-
-def _compute_dtype(boxes):
-    return jnp.float64 if boxes.dtype == jnp.float64 else jnp.float32
 
 
 def _areas(b, offset):
@@ -47,7 +43,7 @@ def nms(boxes, scores, idxs, iou_threshold, offset, backend=None):
     if n == 0:
         return jnp.zeros((0,), jnp.int64), jnp.zeros((), jnp.int64)
     order = jnp.argsort(scores, descending=True, stable=True)
-    b = boxes[order].astype(_compute_dtype(boxes))
+    b = boxes[order].astype(compute_dtype(boxes.dtype))
     classes = _classes(idxs, n)[order]
     area = _areas(b, offset)
     later = jnp.arange(n)
@@ -74,7 +70,7 @@ def _weight(iou, iou_threshold, sigma, method):
 @register(fusedops.soft_nms.default)
 def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offset, backend=None):
     n = boxes.shape[0]
-    dtype = _compute_dtype(boxes)
+    dtype = compute_dtype(boxes.dtype)
     if n == 0:
         return jnp.zeros((0,), jnp.int64), jnp.zeros((0,), dtype), jnp.zeros((), jnp.int64)
     b = boxes.astype(dtype)

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
-from fusedops.kernels.triton._softmax import row_max
 from fusedops.ops.swin_softmax import backward_chunks
 
 TILE = 2048  # scores per program
@@ -51,10 +50,12 @@ def _forward_kernel(
         mask_base = (window % mask_windows) * N * N
         mask_offsets = (row % N)[:, None] * N + col[None, :]
         z += tl.load(mask_ptr + mask_base + mask_offsets, mask=inside, other=0.0)
-    top = row_max(z)  # NaN for a row holding NaN: its probabilities are NaN, as torch's
-    masked = top == -float("inf")  # fully masked row: every exp is 0, its output 0
-    e = tl.exp(z - tl.where(masked, 0.0, top)[:, None])
+    top = tl.max(z, axis=1)  # skips NaN: a NaN shows in the total instead
+    e = tl.exp(z - tl.where(top == -float("inf"), 0.0, top)[:, None])
     total = tl.sum(e, axis=1)
+    # fully masked: every entry -inf (the row max, NaN counted, is -inf); a NaN or +inf in a
+    # row makes its total NaN, so its probabilities are NaN, as torch.softmax's
+    masked = (top == -float("inf")) & (total == total)
     scale = tl.where(masked, 0.0, 1.0 / tl.where(masked, 1.0, total))
     tl.store(out_ptr + base + inner, (e * scale[:, None]).to(out_ptr.dtype.element_ty), mask=inside)
 

@@ -8,7 +8,8 @@ flash attention does.
 
 Forward (``_forward_kernel``): one program per (window * head, query block) loops over key
 blocks with an online softmax; it writes out and the row logsumexp (+inf for a row whose
-scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward).
+scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward; NaN for a row
+holding NaN or +inf, whose output is NaN as torch.softmax's).
 
 Backward (``_backward_kernel``): one program per (head, key block, group g); it loops over the
 windows ``g, g + G, ...`` and, per window, over query blocks, recomputing ``P = exp(S - lse)``
@@ -35,8 +36,6 @@ import triton.language as tl
 
 from fusedops import _alloc, dispatch
 from fusedops.kernels.device import groups_to_fill, multiprocessors
-from fusedops.kernels.triton._softmax import maximum_nan
-from fusedops.kernels.triton._softmax import row_max as row_max_nan
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
@@ -167,14 +166,16 @@ def _forward_kernel(
         s = _scores(
             q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
         )
-        new_max = maximum_nan(row_max, row_max_nan(s))  # NaN once the row holds one
+        new_max = tl.maximum(row_max, tl.max(s, axis=1))  # skips NaN: it shows in total
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: no NaN
         alpha = tl.exp(row_max - shift)
         p = tl.exp(s - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         row_max = new_max
-    masked = row_max == float("-inf")  # every score -inf: output 0, lse +inf
+    # fully masked: every score -inf (the row max, NaN counted, is -inf): output 0, lse +inf; a
+    # NaN or +inf score makes total NaN, hence the row's output and lse NaN, as torch.softmax
+    masked = (row_max == float("-inf")) & (total == total)
     total = tl.where(masked, 1.0, total)
     out = acc / total[:, None]
     lse = tl.where(masked, float("inf"), row_max + tl.log(total))

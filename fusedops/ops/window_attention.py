@@ -19,8 +19,8 @@ partials, then one fixed-order sum). The mask gets no gradient.
 Every backend exposes ``forward(q, k, v, bias, mask, scale) -> (out, lse)`` (lse ``(Z, H, N)``)
 and ``backward(dout, q, k, v, bias, mask, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
 (dbias None unless ``bias_grad``; the output is not an argument, nor saved: no backend needs
-it). q, k, v and dout may be strided views (last dim stride 1 for
-the kernels); bias and mask are contiguous.
+it). q, k, v and dout may be strided views (last dim stride 1 for the kernels); bias and mask
+are contiguous.
 """
 
 from __future__ import annotations

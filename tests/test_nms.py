@@ -380,8 +380,9 @@ def _bounded_while_loop(limit):
 
 
 def test_xla_soft_nms_lowering_stops_at_nan_scores(monkeypatch):
-    """The lowering of fusedops::soft_nms with a NaN score (review's case, and many boxes):
-    every box is picked or dropped within N steps and count is -1."""
+    """The lowering of fusedops::soft_nms with a NaN score (the review's case with every
+    method, and 12 boxes in one class): every box is picked or dropped within N steps, count is
+    -1 and the picks are the reference's."""
     jax = pytest.importorskip("jax")
     from types import SimpleNamespace
 
@@ -391,19 +392,21 @@ def test_xla_soft_nms_lowering_stops_at_nan_scores(monkeypatch):
     from fusedops.xla import lower
 
     lowering = lower.LOWERINGS[torch.ops.fusedops.soft_nms.default]
-    many, many_scores = random_boxes(30, "heavy", device="cpu")
-    many_scores[[0, 11]] = float("nan")
-    for boxes, scores, idxs in (_nan_case("cpu"), (many, many_scores, torch.arange(30) % 4)):
+    many, many_scores = random_boxes(12, "heavy", device="cpu")
+    many_scores[[0, 7]] = float("nan")
+    cases = [(*_nan_case("cpu"), m) for m in (0, 1, 2)] + [(many, many_scores, None, 2)]
+    for boxes, scores, idxs, method in cases:
         n = boxes.shape[0]
         patched = SimpleNamespace(while_loop=_bounded_while_loop(n + 1), fori_loop=lax.fori_loop)
         monkeypatch.setattr(xla_nms, "lax", patched)
-        for method in (0, 1, 2):
-            with jax.enable_x64(True):  # as inside fusedops' XLA programs
-                args = [jax.numpy.asarray(t.numpy()) for t in (boxes, scores, idxs)]
-                inds, picked, count = lowering(*args, 0.3, 0.5, 1e-3, method, 0)
-            assert int(count) == -1
-            want = nms_ops.SOFT_NMS(boxes, scores, idxs, 0.3, 0.5, 1e-3, method, 0, "reference")
-            assert np.array_equal(np.asarray(inds), want[0].numpy())
+        with jax.enable_x64(True):  # as inside fusedops' XLA programs
+            args = [
+                None if t is None else jax.numpy.asarray(t.numpy()) for t in (boxes, scores, idxs)
+            ]
+            inds, picked, count = lowering(*args, 0.3, 0.5, 1e-3, method, 0)
+        assert int(count) == -1
+        want = nms_ops.SOFT_NMS(boxes, scores, idxs, 0.3, 0.5, 1e-3, method, 0, "reference")
+        assert np.array_equal(np.asarray(inds), want[0].numpy())
 
 
 BOXES = torch.zeros(3, 4)

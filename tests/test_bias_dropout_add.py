@@ -362,6 +362,44 @@ def test_bad_inputs_name_the_argument(call, error, match):
         call(x, bias, residual)
 
 
+def test_zero_dim_x_with_a_bias_is_refused_and_without_runs_everywhere():
+    """A bias is added along x's last dim: a 0-d x has none (ValueError naming x); without a
+    bias a 0-d x is one element, on every backend."""
+    x, bias, residual = torch.tensor(1.5), torch.ones(1), torch.tensor(0.25)
+    with pytest.raises(ValueError, match="x is 0-d.*bias"):
+        fusedops.bias_dropout_add(x, bias, residual, 0.0)
+    with pytest.raises(ValueError, match=r"x_with_bias\[0\] is 0-d"):
+        fusedops.bias_dropout_add_fused_train((x, bias), residual, 0.1)
+    for backend in BACKENDS:
+        x = torch.tensor(1.5, device=DEVICE).requires_grad_()
+        out = fusedops.bias_dropout_add(x, None, residual.to(DEVICE), 0.0, backend=backend)
+        assert out.shape == () and out.item() == 1.75
+        out.backward()
+        assert x.grad.shape == () and x.grad.item() == 1.0
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_a_float64_bias_is_not_taken_by_the_kernels(backend):
+    """fp64 anywhere means fp64 math (the module docstring): an fp64 bias with fp32 x and
+    residual must not run the fp32 kernels, which an explicit choice of one reports."""
+    x, residual = torch.ones(3, 8, device=DEVICE), torch.ones(3, 8, device=DEVICE)
+    bias = torch.ones(8, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(fusedops.BackendUnavailableError, match="bias has dtype torch.float64"):
+        fusedops.bias_dropout_add(x, bias, residual, 0.1, backend=backend)
+    chosen = fusedops.dispatch.select_name("bias_dropout_add", x, residual, bias.float())
+    assert chosen == ("reference" if DEVICE.type == "cpu" else "cuda")
+
+
+@pytest.mark.gpu
+def test_a_float64_bias_runs_the_reference_on_gpu_in_both_directions():
+    x, _, residual = _inputs((4, 8), torch.float32, False)
+    bias = random_tensor((8,), torch.float64, DEVICE).requires_grad_()
+    out = fusedops.bias_dropout_add(x, bias, residual, 0.3)
+    assert fusedops.dispatch.last_used["bias_dropout_add"] == "reference"
+    out.backward(torch.ones_like(out))
+    assert bias.grad.dtype == torch.float64
+
+
 def test_generator_on_another_device_is_named():
     x = torch.ones(3, device="meta")
     with pytest.raises(ValueError, match="generator is on cpu but x is on meta"):

@@ -3,6 +3,7 @@ with torch.softmax, every backend available here."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +95,40 @@ def test_fully_masked_rows_give_zeros_not_nan(backend):
     assert not attn.grad.isnan().any() and torch.equal(
         attn.grad[1::2], torch.zeros_like(probs[1::2])
     )
+
+
+def _xla_softmax(attn, bias, mask):
+    """The XLA lowering of fusedops::swin_attention_softmax, run on JAX arrays."""
+    jnp = pytest.importorskip("jax.numpy")
+    from fusedops.xla import lower
+
+    lowering = lower.LOWERINGS[torch.ops.fusedops.swin_attention_softmax.default]
+    args = [jnp.asarray(t.detach().cpu().numpy()) for t in (attn, bias, mask)]
+    return torch.from_numpy(np.asarray(lowering(*args)).copy())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", [*BACKENDS, "xla"])
+def test_rows_with_nan_or_inf_give_nan_as_torch_softmax(backend):
+    """A row holding NaN or +inf gives NaN (torch.softmax's answer), also a row whose other
+    entries are all -inf; only a row of -inf alone is "fully masked" and gives zeros."""
+    attn = random_tensor((4, 2, 5, 5), torch.float32, DEVICE)
+    bias = random_tensor((2, 5, 5), torch.float32, DEVICE)
+    mask = torch.zeros(2, 5, 5, device=DEVICE)
+    mask[1, 2] = -math.inf  # row 2 of windows 1 and 3: fully masked
+    attn[0, 0, 1, 2] = math.nan
+    attn[0, 1, 3, 0] = math.inf
+    attn[3, 1, 2, 4] = math.nan  # in a fully masked row
+    attn[2, 0, 4] = -math.inf
+    attn[2, 0, 4, 1] = math.inf  # -inf everywhere but one +inf
+    if backend == "xla":
+        probs = _xla_softmax(attn, bias, mask)
+    else:
+        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn, bias, mask)
+    assert expected[0, 0, 1].isnan().all() and expected[3, 1, 2].isnan().all()
+    assert expected[2, 0, 4].isnan().all() and torch.equal(expected[1, :, 2], torch.zeros(2, 5))
+    assert_close(probs, expected)  # NaN exactly where torch has NaN
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -198,6 +233,32 @@ def test_partial_trace_lowers_into_one_xla_program_per_direction():
     assert not traced.stats.eager_ops
 
 
+def test_backward_chunks_ask_the_device_once(monkeypatch):
+    """The chunk count of the bias-gradient reduction (every backward call) reads the device's
+    multiprocessor count from fusedops.kernels.device's cache, not from CUDA each time."""
+    from types import SimpleNamespace
+
+    from fusedops.kernels import device
+    from fusedops.ops.swin_softmax import backward_chunks
+
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        return SimpleNamespace(multi_processor_count=10)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    device._multiprocessors.cache_clear()
+    try:
+        gpu = torch.device("cuda", 0)
+        # 40 programs wanted over 3 row groups: 14 chunks, then balanced (8 windows a chunk)
+        assert [backward_chunks(100, 3, gpu) for _ in range(3)] == [13, 13, 13]
+        assert backward_chunks(5, 3, gpu) == 5 and backward_chunks(100, 3, torch.device("cpu")) == 2
+    finally:
+        device._multiprocessors.cache_clear()
+    assert asked == [0]
+
+
 ATTN = torch.zeros(4, 2, 3, 3)
 BIAS = torch.zeros(2, 3, 3)
 MASK = torch.zeros(2, 3, 3)
@@ -253,6 +314,29 @@ def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
     d_attn, d_bias = oracle_backward(expected, grad.double())
     assert_close(first[0], d_attn)
     assert_close(first[1], d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("backend", "b", "nw", "heads", "n"),
+    [
+        ("triton", 1, 1, 16, 4096),  # 16 * 4096 rows of one window: 65536 row blocks
+        ("triton", 1025, 64, 1, 16),  # 65600 windows
+        ("cuda", 1025, 64, 1, 16),
+    ],
+)
+def test_gpu_grids_past_65535_windows_or_row_blocks(backend, b, nw, heads, n):
+    """Counts that CUDA's grid dims 1 and 2 cannot hold (65535 at most): the Triton forward's
+    grid is 1-D, the CUDA kernels stride over rows."""
+    attn, bias, mask = _inputs(b, nw, heads, n, "-100", torch.bfloat16)
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+    expected = oracle(attn.detach(), bias.detach(), mask)
+    assert_close(probs, expected)
+    grad = random_tensor(probs.shape, torch.bfloat16, "cuda")
+    probs.backward(grad)
+    d_attn, d_bias = oracle_backward(expected, grad.double())
+    assert_close(attn.grad, d_attn)
+    assert_close(bias.grad, d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
 
 
 @pytest.mark.gpu

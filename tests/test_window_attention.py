@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,7 +69,7 @@ def _expected(q, k, v, bias, mask, dout, scale):
     """Output and (dq, dk, dv, dbias) from the reference in float64."""
     c = [t.detach().double() if t is not None else None for t in (q, k, v, bias, mask)]
     out, lse = reference.forward(*c, scale)
-    grads = reference.backward(dout.double(), *c, out, lse, scale, bias is not None)
+    grads = reference.backward(dout.double(), *c, lse, scale, bias is not None)
     return out, grads
 
 
@@ -115,6 +116,44 @@ def test_fully_masked_rows_give_zeros_not_nan(backend):
     assert torch.equal(q.grad[1::2], torch.zeros_like(q.grad[1::2]))
 
 
+def _softmax_oracle(q, k, v, bias, mask, scale):
+    """torch.softmax(scores) @ v in float64, a row of -inf alone giving zeros."""
+    c = [t.detach().double() if t is not None else None for t in (q, k, v, bias, mask)]
+    s = c[0] @ c[1].transpose(-1, -2) * scale + c[3]
+    s = (s.view(-1, c[4].shape[0], *s.shape[1:]) + c[4][None, :, None]).view(s.shape)
+    probs = torch.where(torch.isneginf(s).all(-1, keepdim=True), 0.0, torch.softmax(s, -1))
+    return probs @ c[2]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("backend", [*BACKENDS, "xla"])
+def test_rows_with_nan_or_inf_scores_give_nan_rows(backend):
+    """As the Swin softmax: a score row holding NaN or +inf gives a NaN output row (softmax
+    is NaN there, as torch's), even where the row's other scores are all -inf; a row of -inf
+    alone gives zeros."""
+    q, k, v, bias, _ = _inputs(4, 2, 16, 16, F32)
+    mask = _mask(2, 16, float("-inf"))
+    mask[1, 3, :] = float("-inf")  # row 3 of the odd windows: fully masked...
+    mask[1, 3, 9] = float("nan")  # ... but for a NaN
+    mask[1, 5, :] = float("-inf")  # row 5 of the odd windows: fully masked
+    mask[0, 6, 2] = float("nan")
+    mask[0, 7, 4] = float("inf")
+    if backend == "xla":
+        jnp = pytest.importorskip("jax.numpy")
+        from fusedops.xla import lower
+
+        args = [jnp.asarray(t.detach().numpy()) for t in (q, k, v, bias, mask)]
+        out, _ = lower.LOWERINGS[torch.ops.fusedops.window_attention.default](*args, 0.25)
+        out = torch.from_numpy(np.asarray(out).copy())
+    else:
+        out = fusedops.window_attention(q, k, v, bias, mask, 0.25, backend=backend)
+    expected = _softmax_oracle(q, k, v, bias, mask, 0.25)
+    for window, row in ((1, 3), (0, 6), (0, 7)):
+        assert expected[window::2, :, row].isnan().all()
+    assert torch.equal(expected[1::2, :, 5], torch.zeros(2, 2, 16, dtype=torch.float64))
+    assert_close(out, expected)  # NaN exactly where the oracle has NaN
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_mask_dtype_and_bias_dtype_may_differ_from_q(backend):
     """fp32 bias and mask with bf16 q, as under autocast with Swin's fp32 parameters."""
@@ -157,6 +196,18 @@ def test_bias_gradient_is_deterministic(backend):
         fusedops.window_attention(q, k, v, bias, mask, backend=backend).backward(dout)
         grads.append(bias.grad.clone())
     assert torch.equal(grads[0], grads[1])
+
+
+def test_the_output_is_not_saved_for_the_backward():
+    """No backend reads out in the backward (the softmax rowsum comes from P dP): it is not an
+    argument of the backward op, and autograd does not keep it (one (Z, H, N, d) activation
+    per layer)."""
+    schema = torch.ops.fusedops.window_attention_backward.default._schema
+    assert [a.name for a in schema.arguments][:7] == ["dout", "q", "k", "v", "bias", "mask", "lse"]
+    q, k, v, bias, mask = _inputs(2, 1, 16, 16, F32, mask=(1, -100.0))
+    out = fusedops.window_attention(q, k, v, bias, mask)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert len(saved) == 6 and all(t.data_ptr() != out.data_ptr() for t in saved)
 
 
 def test_gradcheck_reference():
@@ -278,7 +329,7 @@ def test_xla_lowerings_match_reference(dtype):
         *map(to_jax, (q, k, v, bias, mask)), 0.25
     )
     grads = lower.LOWERINGS[ops.window_attention_backward.default](
-        *map(to_jax, (dout, q, k, v, bias, mask)), out, lse, 0.25, True
+        *map(to_jax, (dout, q, k, v, bias, mask)), lse, 0.25, True
     )
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, 0.25)
     assert_close(to_torch(out), expected, dtype=dtype, msg="out")
@@ -377,14 +428,14 @@ def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
     from fusedops.kernels.cuda import window_attention as cuda_path
 
     monkeypatch.setattr(cuda_path, "library", _EmulatedSoftmaxKernels)
-    monkeypatch.setattr(cuda_path, "_multiprocessors", lambda index: 3)
+    monkeypatch.setattr(cuda_path, "multiprocessors", lambda device: 3)
     q, k, v, bias, mask = _inputs(6, 2, 20, 16, F32, mask=(3, mask_fill))
     mask[1, 4, :] = mask_fill  # a fully masked row when the fill is -inf
     scale = 0.3
     out, lse = cuda_path.forward(q, k, v, bias, mask, scale)
     dout = random_tensor(out.shape, F32, "cpu")
     assert cuda_path._groups(q) == 3  # 96 warps over 2 heads x 20 rows: 3 window groups
-    grads = cuda_path.backward(dout, q, k, v, bias, mask, out, lse, scale, True)
+    grads = cuda_path.backward(dout, q, k, v, bias, mask, lse, scale, True)
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, scale)
     assert_close(out, expected)
     for name, actual, want in zip(("dq", "dk", "dv", "dbias"), grads, expected_grads):
@@ -413,6 +464,16 @@ def test_swin_t_stage_shapes_on_gpu(backend, dtype, windows, heads):
 @pytest.mark.parametrize("d", [16, 32, 64, 128])
 def test_every_n_and_d_on_gpu(backend, n, d):
     _check(*_inputs(6, 2, n, d, BF16, mask=(3, float("-inf"))), backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("d", [32, 128])  # d = 128: two key blocks, the dq kernel runs too
+def test_more_window_heads_than_a_grid_dim_1_takes_on_gpu(backend, d):
+    """Swin-B stage 1 at batch 256: 256 * 64 windows x 4 heads = 65536 window-heads, one more
+    than CUDA allows grid dims 1 and 2 (the Triton kernels put them on dim 0)."""
+    q, k, v, bias, mask = _inputs(256 * 64, 4, 49, d, F16, mask=(64, -100.0))
+    _check(q, k, v, bias, mask, backend)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ DEVICE = device_under_test()
 BACKENDS = backends_under_test()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (B, H, W, C, window_size, shift): H != W, shift 0 / 3 / -3 / larger than the window and than
-# H, window as a pair, batch 1 and 0, C = 1.
+# H, window as a pair, batch 1 and 0, C = 1 and 0.
 CASES = [
     (2, 14, 21, 5, 7, -3),
     (1, 14, 21, 3, 7, 3),
@@ -26,6 +26,7 @@ CASES = [
     (2, 8, 12, 2, (4, 3), (5, -7)),
     (3, 6, 4, 1, 2, 9),
     (0, 4, 4, 3, 2, 1),
+    (2, 4, 6, 0, 2, 1),
 ]
 
 
@@ -39,15 +40,16 @@ def oracle_partition(x, window, shift):
     b, h, w, c = x.shape
     rolled = torch.roll(x, (sh, sw), dims=(1, 2))
     grid = rolled.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return grid.reshape(-1, wh, ww, c)
+    return grid.reshape(b * (h // wh) * (w // ww), wh, ww, c)
 
 
 def oracle_reverse(windows, window, h, w, shift):
     """torch.roll(window_reverse(windows, window, h, w), shift, (1, 2))."""
     (wh, ww), (sh, sw) = _pair(window), _pair(shift)
     c = windows.shape[-1]
-    grid = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return torch.roll(grid.reshape(-1, h, w, c), (sh, sw), dims=(1, 2))
+    b = windows.shape[0] // ((h // wh) * (w // ww))
+    grid = windows.view(b, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return torch.roll(grid.reshape(b, h, w, c), (sh, sw), dims=(1, 2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -171,6 +173,23 @@ def test_partial_trace_lowers_into_one_xla_program_per_direction():
     assert_close(x.grad, 2.0 * weights.double())
     assert traced.stats.programs == 2 and traced.stats.regions == 1
     assert not traced.stats.eager_ops
+
+
+@pytest.mark.parametrize(("b", "c"), [(2, 0), (0, 3)], ids=["no-channels", "no-batch"])
+def test_xla_lowerings_of_empty_maps(b, c):
+    """The four lowerings (both gathers and their backward ops) on maps with no channels or no
+    images, as they run inside a program."""
+    jnp = pytest.importorskip("jax.numpy")
+    from fusedops.xla import lower
+
+    ops = torch.ops.fusedops
+    x = jnp.zeros((b, 4, 6, c), jnp.float32)
+    windows = lower.LOWERINGS[ops.window_partition_roll.default](x, 2, 3, 1, -1)
+    dx = lower.LOWERINGS[ops.window_partition_roll_backward.default](windows, 2, 3, 4, 6, 1, -1)
+    back = lower.LOWERINGS[ops.window_reverse_roll.default](windows, 2, 3, 4, 6, 1, 2)
+    dwindows = lower.LOWERINGS[ops.window_reverse_roll_backward.default](back, 2, 3, 1, 2)
+    assert windows.shape == dwindows.shape == (b * 4, 2, 3, c)
+    assert dx.shape == back.shape == (b, 4, 6, c)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
 """Bias-dropout-add: ``residual + dropout(x + bias, p)`` in one pass, with no saved mask.
 
 Shapes and dtypes: x (..., H) float16/bfloat16/float32 (float64 on the reference backend),
-bias (H,) or None, residual broadcastable to x's shape. The output has x's shape and
-residual's dtype: when x's dtype differs from residual's, x and bias are converted to
-residual's dtype as Megatron does (an fp32 residual stream with bf16 x). Math in fp32 (fp64
-when any input is fp64), rounded once to the output dtype.
+bias (H,) or None (a 0-d x takes no bias), residual broadcastable to x's shape. The output
+has x's shape and residual's dtype: when x's dtype differs from residual's, x and bias are
+converted to residual's dtype as Megatron does (an fp32 residual stream with bf16 x). Math
+in fp32 (fp64 when any input is fp64), rounded once to the output dtype.
 
 Design (the lead should know these; OPS.md "Bias-dropout-add"):
 
@@ -51,6 +51,7 @@ from fusedops import dispatch
 from fusedops.ops import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 
 NAME = "bias_dropout_add"
 #: Seed and offset are drawn in [0, SEED_BOUND).
@@ -58,10 +59,6 @@ SEED_BOUND = 2**62
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
-
-
-def _compute_dtype(*dtypes: torch.dtype | None) -> torch.dtype:
-    return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
 def keep_mask(seed: torch.Tensor, p: float, n: int) -> torch.Tensor:
@@ -83,7 +80,7 @@ def _dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tens
 
 
 def _reference_forward(x, bias, residual, seed, p):
-    compute = _compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+    compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
     if bias is not None:
         v = v + bias.to(compute)
@@ -91,7 +88,7 @@ def _reference_forward(x, bias, residual, seed, p):
 
 
 def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
-    g = _dropout(grad.to(_compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
+    g = _dropout(grad.to(compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
     grad_bias = None
     if bias_dtype is not None:
         width = grad.shape[-1] if grad.dim() else 1
@@ -102,14 +99,20 @@ def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
 reference = SimpleNamespace(forward=_reference_forward, backward=_reference_backward)
 
 
-def _kernel_check(backend: str, main: torch.Tensor, *others: torch.Tensor | None) -> list[str]:
+def _kernel_check(backend: str, main, residual=None, bias=None) -> list[str]:
+    """The kernels compute in fp32: any input outside their dtypes (an fp64 residual or bias
+    means fp64 math) goes to the reference. main (x or grad): checked by the dispatcher."""
     if backend == "reference":
         return []
-    reasons = []
-    for t in others:
-        if t is not None and t.dtype not in dispatch.KERNEL_DTYPES:
-            reasons.append(f"dtype {t.dtype} of an input is not supported by the kernels")
-    return reasons
+    return [
+        f"{name} has dtype {t.dtype} (the kernels take float32, float16 or bfloat16)"
+        for name, t in (("residual", residual), ("bias", bias))
+        if t is not None and t.dtype not in dispatch.KERNEL_DTYPES
+    ]
+
+
+def _kernel_dtypes(*dtypes: torch.dtype | None) -> bool:
+    return all(d is None or d in dispatch.KERNEL_DTYPES for d in dtypes)
 
 
 dispatch.register_op(
@@ -133,7 +136,7 @@ def _forward(
     p: float,
     backend: str | None = None,
 ) -> torch.Tensor:
-    impl = dispatch.select(NAME, x, residual, backend=backend)
+    impl = dispatch.select(NAME, x, residual, bias, backend=backend)
     return impl.forward(x, bias, residual, seed, p)
 
 
@@ -149,9 +152,10 @@ def _backward_body(
     bias_dtype: torch.dtype | None,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # x's dtype decides as much as grad's (its gradient is written in it): a float64 x ran its
-    # forward on the reference, and so does its backward (the same mask on every backend).
-    if x_dtype in dispatch.KERNEL_DTYPES or dispatch.requested(backend) is not None:
+    # x's and bias's dtypes decide as much as grad's (their gradients are written in them): a
+    # float64 x or bias ran its forward on the reference (fp64 math), and so does its backward
+    # (the same mask on every backend).
+    if _kernel_dtypes(x_dtype, bias_dtype) or dispatch.requested(backend) is not None:
         impl = dispatch.select(NAME, grad, backend=backend)
     else:
         impl = reference
@@ -224,6 +228,11 @@ def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names)
         check_tensor(bias, bias_name)
     p = _check_probability(p, p_name)
     check_same_device(x, x_name, **{bias_name: bias, residual_name: residual})
+    if bias is not None and x.dim() == 0:
+        raise ValueError(
+            f"{x_name} is 0-d, but {bias_name} is added along {x_name}'s last dim: give "
+            f"{x_name} at least one dim (or pass no {bias_name})"
+        )
     width = x.shape[-1] if x.dim() else 1
     if bias is not None and (bias.numel() != width or any(s != 1 for s in bias.shape[:-1])):
         raise ValueError(
@@ -264,7 +273,8 @@ def bias_dropout_add(
 ) -> torch.Tensor:
     """``residual + dropout(x + bias, p)`` fused: one kernel, no mask saved for the backward.
 
-    x: (..., H) float16/bfloat16/float32 (float64 on the reference backend); bias: (H,) or None;
+    x: (..., H) float16/bfloat16/float32 (float64 on the reference backend); bias: (H,) or None
+    (a 0-d x takes no bias: ValueError); an fp64 residual or bias runs the reference (fp64 math);
     residual: broadcastable to x's shape, any float dtype (x and bias are converted to it).
     p: drop probability in [0, 1]; training=False (or p=0) returns x + bias + residual and
     draws no random numbers. generator: where the seed comes from (default: the default

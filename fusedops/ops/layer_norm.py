@@ -41,14 +41,11 @@ from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _rounded(xhat, xhat_dtype):
@@ -57,7 +54,7 @@ def _rounded(xhat, xhat_dtype):
 
 
 def _ref_forward(x, weight, bias, eps, rms, out_dtype=None, xhat_dtype=None):
-    c = x.to(_compute_dtype(x))
+    c = x.to(compute_dtype(x.dtype))
     if rms:
         mean = None
         rstd = torch.rsqrt(c.square().mean(dim=1) + eps)
@@ -76,7 +73,7 @@ def _ref_forward(x, weight, bias, eps, rms, out_dtype=None, xhat_dtype=None):
 
 
 def _ref_backward(dy, x, weight, bias, mean, rstd, rms, xhat_dtype=None):
-    c = x.to(_compute_dtype(x))
+    c = x.to(compute_dtype(x.dtype))
     g0 = dy.to(c.dtype)
     rstd = rstd.to(c.dtype)[:, None]
     xhat = c * rstd if rms else (c - mean.to(c.dtype)[:, None]) * rstd
@@ -453,7 +450,7 @@ def _optional_dtype(value, name: str, x: torch.Tensor) -> torch.dtype | None:
     if name == "out_dtype":
         return None if value == x.dtype else value
     # rounding to the compute dtype or to float64 changes nothing
-    return None if value in (_compute_dtype(x), torch.float64) else value
+    return None if value in (compute_dtype(x.dtype), torch.float64) else value
 
 
 def rms_norm(

@@ -13,7 +13,8 @@ Boxes are (x1, y1, x2, y2); IoU is computed in float32 for float32/float16/bfloa
   emitted whatever its score (as mmcv's first pick). Results are in decreasing final score
   order (ties: lower index first); batched_soft_nms is soft_nms per class, merged that way.
 - NaN scores raise ValueError (the check rides on the one host synchronisation the result's
-  size needs anyway).
+  size needs anyway). Inside the ops every backend gives count -1 and soft-NMS never picks a
+  NaN-scored box (the picks of the other boxes stay well defined; no backend loops or fails).
 
 Static and data-dependent parts. The custom ops have outputs of fixed shape, so they have fake
 implementations, run under torch.compile / torch.export and have XLA lowerings
@@ -24,7 +25,9 @@ implementations, run under torch.compile / torch.export and have XLA lowerings
         -> (inds (N,) int64, scores (N,) float, count)
 
 keep / inds hold the result then -1; count (0-dim int64) is the result's length, or -1 when a
-score is NaN. The public functions read count (one synchronisation) and slice. Inside the ops,
+score is NaN. The public functions read count (a host synchronisation) and slice; on CUDA
+that is the only one, except in fusedops::soft_nms with idxs (batched_soft_nms), which also
+synchronises to find the classes (and, on the cuda backend, the largest one). Inside the ops,
 sorting and index plumbing are torch ops shared by every backend; the backends (reference,
 triton, cuda) provide the two cores ``nms_walk`` and ``soft_nms_segments``
 (``nms_reference`` documents them). On CUDA/Triton, nms builds the IoU > threshold bitmask in
@@ -42,6 +45,7 @@ from fusedops import _alloc, dispatch
 from fusedops.ops import nms_reference
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
 
 SOFT_NMS_METHODS = {
     "naive": nms_reference.NAIVE,
@@ -146,19 +150,20 @@ def _soft_nms_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = boxes.shape[0]
     impl = dispatch.select("soft_nms", boxes, backend=backend)
-    score_dtype = nms_reference.compute_dtype(boxes)
+    score_dtype = compute_dtype(boxes.dtype)
     if n == 0:
         empty = boxes.new_empty((0,), dtype=torch.int64)
         zero = boxes.new_zeros((), dtype=torch.int64)
         return empty, boxes.new_empty((0,), dtype=score_dtype), zero
     if idxs is None:
         order = torch.arange(n, device=boxes.device)
-        seg_starts = torch.tensor([0, n], device=boxes.device)
+        seg_starts = torch.arange(0, n + 1, n, device=boxes.device)  # [0, n], made on the device
         boxes_p, scores_p = boxes, scores.to(score_dtype)
     else:
         classes_p, order = torch.sort(idxs, stable=True)
         first = torch.ones(n, dtype=torch.bool, device=boxes.device)
         first[1:] = classes_p[1:] != classes_p[:-1]
+        # where the classes start: nonzero's size is data-dependent (a host synchronisation)
         seg_starts = _with_sentinel(torch.nonzero(first).flatten(), n)
         boxes_p, scores_p = boxes[order], scores[order].to(score_dtype)
     positions, picked, counts = impl.soft_nms_segments(
@@ -189,7 +194,7 @@ def _soft_nms_fake(
     boxes, scores, idxs, iou_threshold, sigma, min_score, method, offset, backend=None
 ):
     n = boxes.shape[0]
-    score_dtype = nms_reference.compute_dtype(boxes)
+    score_dtype = compute_dtype(boxes.dtype)
     return (
         boxes.new_empty((n,), dtype=torch.int64),
         boxes.new_empty((n,), dtype=score_dtype),
@@ -374,6 +379,8 @@ def soft_nms(
     inds int64 (K,) in decreasing final score order. method: "naive", "linear" or "gaussian";
     sigma > 0 (gaussian); boxes whose score falls below min_score are dropped; offset 0 or 1.
     Scores are computed in float32 (float64 for float64 boxes). NaN scores raise ValueError.
+    On CUDA (cuda and triton backends) it synchronises with the host once: reading the result's
+    length (which also checks for NaN); the reference backend steps on the host.
     """
     boxes, scores, _ = _check_boxes_scores(boxes, scores)
     options = _soft_options(iou_threshold, sigma, min_score, method, offset)
@@ -395,6 +402,9 @@ def batched_soft_nms(
     """Soft-NMS per category in one call (one kernel launch for all classes): the union of
     :func:`soft_nms` on each class of ``idxs`` (N,) integers, in decreasing final score order
     (ties: lower index first). Returns ``(dets, inds)`` as :func:`soft_nms`.
+    On CUDA it synchronises with the host to find the classes (``torch.nonzero`` over the
+    sorted ``idxs``), on the cuda backend once more for the largest class's size (the kernel's
+    shared memory), and once to read the result's length.
     """
     boxes, scores, idxs = _check_boxes_scores(boxes, scores, idxs, batched=True)
     options = _soft_options(iou_threshold, sigma, min_score, method, offset)

@@ -2,7 +2,9 @@
 
 Same functions and outputs as the Triton and CUDA backends (``fusedops.ops.nms`` describes the
 pipeline around them); every backend computes IoU with the same operations in the same order,
-so results are bit-identical on random inputs:
+so IoU, nms and the naive / linear soft-NMS are bit-identical across backends (gaussian
+soft-NMS goes through exp, whose last bits differ between implementations: its scores agree
+within float rounding, and two picks whose scores are that close may come in either order):
 
     area  = (x2 - x1 + offset) * (y2 - y1 + offset)
     inter = max(min(x2a, x2b) - max(x1a, x1b) + offset, 0) * (same for y)
@@ -27,6 +29,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from fusedops.ops._dtypes import compute_dtype
 
 #: soft-NMS methods, coded as mmcv codes them.
 NAIVE, LINEAR, GAUSSIAN = 0, 1, 2
@@ -53,11 +57,6 @@ def one_thread_on_cpu(core):
             torch.set_num_threads(threads)
 
     return run
-
-
-def compute_dtype(boxes: torch.Tensor) -> torch.dtype:
-    """IoU and soft-NMS scores are computed in float32 (float64 for float64 boxes)."""
-    return torch.float64 if boxes.dtype == torch.float64 else torch.float32
 
 
 def areas(boxes: torch.Tensor, offset: int) -> torch.Tensor:
@@ -162,7 +161,7 @@ def nms_walk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy NMS in processing order (see the module docstring)."""
     n = boxes_p.shape[0]
-    boxes = boxes_p.to(compute_dtype(boxes_p))
+    boxes = boxes_p.to(compute_dtype(boxes_p.dtype))
     if classes_p is None:
         keep = _greedy_keep(boxes, iou_threshold, offset)
     else:
@@ -203,16 +202,18 @@ def soft_nms_segments(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Soft-NMS on every segment at once: each step picks the best box of every segment that
     has boxes left (highest score, lowest position on ties), decays the rest of that segment
-    and drops what falls below min_score (see the module docstring for the outputs)."""
-    device, n = boxes_p.device, boxes_p.shape[0]
+    and drops what falls below min_score (see the module docstring for the outputs). A box
+    scored NaN is never picked (dropped from the start, as the kernels drop it)."""
+    n = boxes_p.shape[0]
     n_segments = seg_starts.numel() - 1
     boxes = boxes_p.to(scores_p.dtype)
     # the boxes in play, compacted after every step: rows x1 y1 x2 y2 area score; 1-D tensors
     # and few ops per step (small ops stay single-threaded: no OpenMP wake-ups)
-    state = torch.stack((*boxes.unbind(1), areas(boxes, offset), scores_p))
-    pos = torch.arange(n, device=device)
+    scored = torch.nonzero(~scores_p.isnan()).flatten()
+    state = torch.stack((*boxes.unbind(1), areas(boxes, offset), scores_p)).index_select(1, scored)
+    pos = scored
     segment = torch.searchsorted(seg_starts[1:], pos, right=True)
-    picks = []
+    picks = [(pos[:0], state[5, :0], segment[:0])]  # no picks at all when every score is NaN
     while pos.numel():
         picked, pick_of = _picks(state[5], segment, n_segments)
         picks.append((pos[picked], state[5, picked], segment[picked]))

@@ -4,7 +4,8 @@ attn: (B*nW, heads, N, N) scores; bias: (heads, N, N) relative-position bias; ma
 or None, window b of the batch using ``mask[b % nW]`` (the windows of one image are
 consecutive, as Swin lays them out). Per row, in fp32 (fp64 for fp64 inputs on the reference
 backend): ``z = attn + bias + mask``, ``p = exp(z - max z) / sum exp(z - max z)``; a row whose
-every entry is -inf gives zeros (not NaN). Output in attn's dtype.
+every entry is -inf (max -inf) gives zeros, not NaN; a row holding NaN or +inf gives NaN, as
+torch.softmax (``ops/_swin.py``, the rule every backend follows). Output in attn's dtype.
 
 Backward from the saved output p: ``dz = p * (dp - sum(dp * p))``; ``d_attn = dz`` (attn's
 dtype) and ``d_bias = sum over the B*nW windows of dz`` (fp32), reduced deterministically
@@ -17,14 +18,16 @@ mask already in the compute dtype (fp32; fp64 with fp64 attn), and
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._swin import add_window_mask, masked_softmax
 
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
 MAX_N = {"triton": 4096, "cuda": 1024}
@@ -33,25 +36,15 @@ MAX_N = {"triton": 4096, "cuda": 1024}
 # Reference (plain PyTorch): the CPU path and the test oracle.
 
 
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """fp64 for fp64 inputs (reference backend), fp32 otherwise."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _ref_forward(attn, bias, mask):
-    z = attn.to(compute_dtype(attn)) + bias
+    z = attn.to(compute_dtype(attn.dtype)) + bias
     if mask is not None:
-        windows, heads, n = mask.shape[0], attn.shape[1], attn.shape[2]
-        z = (z.view(-1, windows, heads, n, n) + mask[None, :, None]).view(attn.shape)
-    top = z.amax(dim=-1, keepdim=True)
-    top = torch.where(top == -math.inf, 0.0, top)  # a fully -inf row: exp(-inf) = 0 everywhere
-    e = torch.exp(z - top)
-    total = e.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, e / total, 0.0).to(attn.dtype)
+        z = add_window_mask(z, mask)
+    return masked_softmax(z).to(attn.dtype)
 
 
 def _ref_backward(grad, probs):
-    p = probs.to(compute_dtype(probs))
+    p = probs.to(compute_dtype(probs.dtype))
     g = grad.to(p.dtype)
     dz = p * (g - (p * g).sum(dim=-1, keepdim=True))
     return dz.to(probs.dtype), dz.sum(dim=0)
@@ -81,11 +74,9 @@ def backward_chunks(windows: int, row_groups: int, device: torch.device) -> int:
     the batch into (windows >= 1): enough programs (row_groups x chunks) to fill the device; a
     function of the shapes and the device only, so the fp32 partial sums and their fixed-order
     reduction are the same on every run."""
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target = 4  # Triton's interpreter: a few chunks, so the reduction path is exercised
-    chunks = min(windows, 65535, max(1, -(-target // max(row_groups, 1))))
+    # Triton's interpreter: a few chunks, so the reduction path is exercised
+    target = programs_to_fill(device, 4, elsewhere=4)
+    chunks = groups_to_fill(windows, row_groups, target)
     per_chunk = -(-windows // chunks)
     return -(-windows // per_chunk)  # no empty chunk
 
@@ -108,7 +99,8 @@ def _backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = dispatch.select("swin_attention_softmax", probs, backend=backend)
     if probs.numel() == 0:  # no windows (or heads): nothing to launch, a zero bias gradient
-        return torch.empty_like(probs), probs.new_zeros(probs.shape[1:], dtype=compute_dtype(probs))
+        d_bias = probs.new_zeros(probs.shape[1:], dtype=compute_dtype(probs.dtype))
+        return torch.empty_like(probs), d_bias
     return impl.backward(grad.contiguous(), probs)
 
 
@@ -117,7 +109,7 @@ def _forward_fake(attn, bias, mask, backend):
 
 
 def _backward_fake(grad, probs, backend):
-    d_bias = probs.new_empty(probs.shape[1:], dtype=compute_dtype(probs))
+    d_bias = probs.new_empty(probs.shape[1:], dtype=compute_dtype(probs.dtype))
     return torch.empty_like(probs, memory_format=torch.contiguous_format), d_bias
 
 
@@ -155,7 +147,8 @@ def swin_attention_softmax(
     attn: (B*nW, heads, N, N) float16/bfloat16/float32 (float64 on the reference backend).
     relative_pos_bias: (heads, N, N), any float dtype; gets a gradient (summed over windows).
     attn_mask: (nW, N, N) any float dtype, or None; nW must divide attn's first dim; no gradient
-    (Swin's -100 shift mask and -inf masks both work; a fully -inf row gives zeros).
+    (Swin's -100 shift mask and -inf masks both work; a fully -inf row gives zeros, a row
+    holding NaN or +inf gives NaN as torch.softmax).
     Returns a contiguous tensor of attn's shape and dtype; statistics in fp32.
     """
     check_tensor(attn, "attn")
@@ -169,7 +162,7 @@ def swin_attention_softmax(
             f"got {tuple(relative_pos_bias.shape)}"
         )
     check_same_device(attn, "attn", relative_pos_bias=relative_pos_bias, attn_mask=attn_mask)
-    dtype = compute_dtype(attn)
+    dtype = compute_dtype(attn.dtype)
     if attn_mask is not None:
         check_tensor(attn_mask, "attn_mask")
         if attn_mask.dim() != 3 or tuple(attn_mask.shape[1:]) != (n, n) or attn_mask.shape[0] < 1:

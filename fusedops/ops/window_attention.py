@@ -6,8 +6,10 @@ relative_pos_bias ``(H, N, N)`` shared by every window; attn_mask ``(nW, N, N)``
 using ``attn_mask[z % nW]``. The output is ``(Z, H, N, d)`` in q's dtype.
 
 Softmax statistics are fp32 (fp64 for fp64 inputs on the reference backend). A query row whose
-scores are all -inf (fully masked) gives a zero output row and zero gradients, never NaN; its
-saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the backward.
+scores are all -inf (fully masked: its max is -inf) gives a zero output row and zero gradients,
+never NaN; its saved logsumexp is +inf so that ``exp(s - lse)`` is 0 everywhere in the
+backward. A row holding a NaN or +inf score gives a NaN output row, as torch.softmax would
+(``ops/_swin.py``: the rule every backend follows).
 
 Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(P dP))``
 (every backend takes the rowsum from P dP, not from dO * O with O rounded), ``dQ = dS K * scale``,
@@ -15,13 +17,15 @@ Backward: ``P = exp(S - lse)``, ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP
 partials, then one fixed-order sum). The mask gets no gradient.
 
 Every backend exposes ``forward(q, k, v, bias, mask, scale) -> (out, lse)`` (lse ``(Z, H, N)``)
-and ``backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
-(dbias None unless ``bias_grad``). q, k, v and dout may be strided views (last dim stride 1 for
-the kernels); bias and mask are contiguous.
+and ``backward(dout, q, k, v, bias, mask, lse, scale, bias_grad) -> (dq, dk, dv, dbias)``
+(dbias None unless ``bias_grad``; the output is not an argument, nor saved: no backend needs
+it). q, k, v and dout may be strided views (last dim stride 1 for the kernels); bias and mask
+are contiguous.
 """
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import torch
@@ -29,6 +33,8 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._swin import add_window_mask, masked_softmax, shifted_exp
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -41,36 +47,27 @@ KERNEL_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
 
 
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _scores(q, k, bias, mask, scale):
     """``q @ k^T * scale + bias + mask[z % nW]`` in the compute dtype, (Z, H, N, N)."""
-    c = _compute_dtype(q)
+    c = compute_dtype(q.dtype)
     s = torch.matmul(q.to(c), k.to(c).transpose(-1, -2)) * scale
     if bias is not None:
         s = s + bias.to(c)
     if mask is not None:
-        windows = mask.shape[0]
-        by_image = s.view(s.shape[0] // windows, windows, *s.shape[1:])
-        s = (by_image + mask.to(c)[None, :, None]).view(s.shape)
+        s = add_window_mask(s, mask.to(c))
     return s
 
 
 def _ref_forward(q, k, v, bias, mask, scale):
     s = _scores(q, k, bias, mask, scale)
-    row_max = s.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
-    p = torch.exp(s - row_max)
+    p, shift, masked = shifted_exp(s)
     total = p.sum(dim=-1, keepdim=True)
-    nonempty = total > 0
-    out = torch.matmul(p, v.to(s.dtype)) / torch.where(nonempty, total, torch.ones_like(total))
-    lse = torch.where(nonempty, row_max + torch.log(total), torch.full_like(total, float("inf")))
+    out = torch.where(masked, 0.0, torch.matmul(p, v.to(s.dtype)) / total)
+    lse = torch.where(masked, math.inf, shift + torch.log(total))
     return out.to(q.dtype), lse.squeeze(-1)
 
 
-def _ref_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+def _ref_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     s = _scores(q, k, bias, mask, scale)
     c = s.dtype
     p = torch.exp(s - lse.to(c)[..., None])
@@ -130,7 +127,7 @@ def _forward(
 
 def _forward_fake(q, k, v, bias, mask, scale, backend=None):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty(q.shape[:-1], dtype=_compute_dtype(q))
+    return out, q.new_empty(q.shape[:-1], dtype=compute_dtype(q.dtype))
 
 
 def _backward_body(
@@ -140,7 +137,6 @@ def _backward_body(
     v: torch.Tensor,
     bias: torch.Tensor | None,
     mask: torch.Tensor | None,
-    out: torch.Tensor,
     lse: torch.Tensor,
     scale: float,
     bias_grad: bool,
@@ -149,12 +145,12 @@ def _backward_body(
     impl = _select(q, k, v, bias, mask, backend)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad)
+    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, lse, scale, bias_grad)
     # custom ops return tensors only: an absent gradient travels as an empty tensor
     return dq, dk, dv, dbias if dbias is not None else q.new_empty((0,))
 
 
-def _backward_fake(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+def _backward_fake(dout, q, k, v, bias, mask, lse, scale, bias_grad, backend=None):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
@@ -164,20 +160,18 @@ def _backward_fake(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backen
 
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, mask, scale, backend = inputs
-    out, lse = output
+    _, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, bias, mask, out, lse)
+    ctx.save_for_backward(q, k, v, bias, mask, lse)
     ctx.scale = scale
     # An explicit choice made around the forward (use_backend, env) also holds for the backward.
     ctx.backend = dispatch.requested(backend)
 
 
 def _grads(ctx, backward, dout, _dlse):
-    q, k, v, bias, mask, out, lse = ctx.saved_tensors
+    q, k, v, bias, mask, lse = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = backward(
-        dout, q, k, v, bias, mask, out, lse, ctx.scale, bias_grad, ctx.backend
-    )
+    dq, dk, dv, dbias = backward(dout, q, k, v, bias, mask, lse, ctx.scale, bias_grad, ctx.backend)
     return dq, dk, dv, dbias if bias_grad else None, None, None, None
 
 
@@ -289,6 +283,6 @@ def attention_core(
     n, d = q.shape[-2:]
     if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
         return window_attention(q, k, v, bias, mask, scale)
-    probs = torch.softmax(_scores(q, k, bias, mask, scale), dim=-1)
+    probs = masked_softmax(_scores(q, k, bias, mask, scale))  # fully masked rows: 0, as fused
     probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
     return torch.matmul(probs.to(v.dtype), v)

@@ -38,10 +38,13 @@ def _ref_partition(x, wh: int, ww: int, sh: int, sw: int) -> torch.Tensor:
 
 
 def _ref_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int, sw: int):
-    channels = windows.shape[-1]
-    grid = windows.view(-1, height // wh, width // ww, wh, ww, channels).permute(0, 1, 3, 2, 4, 5)
-    out = windows.new_empty(reverse_shape(windows, wh, ww, height, width))
-    out.view(-1, height // wh, wh, width // ww, ww, channels).copy_(grid)
+    shape = reverse_shape(windows, wh, ww, height, width)
+    batch, channels = shape[0], shape[-1]  # explicit: a view(-1, ...) of no elements is ambiguous
+    grid = windows.view(batch, height // wh, width // ww, wh, ww, channels)
+    out = windows.new_empty(shape)
+    out.view(batch, height // wh, wh, width // ww, ww, channels).copy_(
+        grid.permute(0, 1, 3, 2, 4, 5)
+    )
     return torch.roll(out, (sh, sw), dims=(1, 2)) if (sh or sw) else out
 
 

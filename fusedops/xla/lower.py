@@ -176,6 +176,13 @@ def upcast(x):
     return x.astype(jnp.float32) if x.dtype in (jnp.float16, jnp.bfloat16) else x
 
 
+def compute_dtype(*dtypes):
+    """fusedops' compute dtype (``fusedops.ops._dtypes``) for jax ``dtypes`` (None ignored):
+    float64 when any is float64, else float32."""
+    wide = any(d is not None and jnp.dtype(d) == jnp.float64 for d in dtypes)
+    return jnp.float64 if wide else jnp.float32
+
+
 def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
 

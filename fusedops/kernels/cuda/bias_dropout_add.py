@@ -5,12 +5,11 @@ back here)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
+from fusedops.kernels.device import multiprocessors
 from fusedops.ops import philox
 
 #: Row groups of the grad_bias reduction: enough blocks to fill the GPU, at most this many
@@ -24,15 +23,10 @@ def _dropout_args(seed, p: float) -> tuple:
     return seed, philox.keep_threshold(p), philox.dropout_scale(p), mode
 
 
-@functools.cache
-def _multiprocessors(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _row_groups(rows: int, cols: int, device: torch.device) -> int:
     """Row groups (blocks along rows, = partial rows) of the backward for (rows, cols)."""
     blocks_per_group = -(-cols // 1024)  # a block covers up to 1024 columns
-    wanted = BLOCKS_PER_SM * _multiprocessors(device.index) // blocks_per_group
+    wanted = BLOCKS_PER_SM * multiprocessors(device) // blocks_per_group
     return max(1, min(rows, MAX_GROUPS, wanted))
 
 

@@ -23,6 +23,10 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// max(a, b) that is NaN when either is (fmaxf drops NaN): the softmax kernels' row max, so a
+// row holding NaN is not taken for fully masked (max -inf) and gives NaN, as torch.softmax.
+__device__ __forceinline__ float max_nan(float a, float b) { return (isnan(a) || a > b) ? a : b; }
+
 // Number of blocks for a grid-stride loop over n items: enough to fill the GPU, capped so the
 // grid never exceeds the hardware limit however large n is.
 inline unsigned int grid_blocks(int64_t n, int threads) {

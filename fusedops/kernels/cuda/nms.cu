@@ -1,7 +1,9 @@
 // NMS and soft-NMS (the cores of fusedops/ops/nms.py; outputs as in ops/nms_reference.py).
 //
 // IoU in fp32 with round-to-nearest intrinsics (no fused multiply-add), the same operations in
-// the same order as the reference, so results are bit-identical:
+// the same order as the reference, so IoU, nms and the naive / linear soft-NMS decays are
+// bit-identical to it (the gaussian decay's expf differs from torch's exp in the last bits:
+// within float rounding there):
 //   area = (x2 - x1 + offset) * (y2 - y1 + offset)
 //   iou  = inter / ((area_a + area_b) - inter),  inter = max(w, 0) * max(h, 0)
 //

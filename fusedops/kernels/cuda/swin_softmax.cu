@@ -6,8 +6,9 @@
 // A row is held in registers by a group of kLanes lanes (8, 16 or 32), kPerLane scores each
 // (lane l holds columns l, l + kLanes, ...: coalesced), so short rows (n = 49 for 7x7 windows)
 // share a warp instead of leaving most of it idle; max and sum are shuffle reductions within the
-// group. 64-bit offsets; row indices are divided with multiply-high dividers while there are
-// fewer than 2^31 rows.
+// group. A row whose max is -inf (every entry -inf) gives zeros; a NaN or +inf in a row makes
+// it NaN, as torch.softmax (the max propagates NaN). 64-bit offsets; row indices are divided
+// with multiply-high dividers while there are fewer than 2^31 rows.
 #include <cstdint>
 
 #include "device.cuh"
@@ -23,7 +24,7 @@ template <int kLanes>
 __device__ __forceinline__ float group_max(float v) {
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, offset));
   }
   return v;
 }
@@ -76,10 +77,11 @@ __global__ void forward_kernel(const T* __restrict__ attn, const float* __restri
       if (active && col < n) {
         z[k] = to_float(in[col]) + bias_row[col] + (mask_row != nullptr ? mask_row[col] : 0.0f);
       }
-      top = fmaxf(top, z[k]);
+      top = max_nan(top, z[k]);
     }
-    top = group_max<kLanes>(top);
-    if (top == kNegInf) top = 0.0f;  // a fully -inf row: every exp is 0, the output 0
+    top = group_max<kLanes>(top);  // NaN for a row holding NaN: its output is NaN (torch's)
+    const bool masked = top == kNegInf;  // a fully -inf row: every exp is 0, the output 0
+    if (masked) top = 0.0f;
     float total = 0.0f;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
@@ -87,7 +89,7 @@ __global__ void forward_kernel(const T* __restrict__ attn, const float* __restri
       total += z[k];
     }
     total = group_sum<kLanes>(total);
-    const float scale = total > 0.0f ? 1.0f / total : 0.0f;
+    const float scale = masked ? 0.0f : 1.0f / total;
     T* dst = out + row * n;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {

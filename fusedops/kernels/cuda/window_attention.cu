@@ -2,13 +2,15 @@
 // kernels/cuda/window_attention.py): S = q k^T comes in as fp32 (Z, H, N, N) rows, N <= 256.
 //
 // Forward: per row, x = S * scale + bias[h][i] + mask[z % nW][i]; P = softmax(x) in the input
-// dtype, lse = logsumexp(x) in fp32 (+inf for a row whose x are all -inf: its P is 0).
+// dtype, lse = logsumexp(x) in fp32 (+inf for a row whose x are all -inf: its P is 0; NaN for a
+// row holding NaN or +inf, whose P is NaN as torch.softmax's).
 // Backward: per row, P = exp(x - lse), dS = P * (dP - sum(P dP)); writes P and dS * scale (input
 // dtype, for the dV / dQ / dK products) and, when asked, d_bias partials: warp (g, h, i) handles
 // the windows z = g, g + G, ... of row i, head h, and writes its fp32 sum of dS for them to
 // dbias_partial[g][h][i]; the G partials are summed in a fixed order afterwards. No atomics.
 //
-// One warp per row; lane l holds columns l, l + 32, ... (kCols of them, N <= 32 * kCols).
+// One warp per row; lane l holds columns l, l + 32, ... (kCols of them, N <= 32 * kCols). Warps
+// stride over the rows (grid_blocks caps the 1-D grid), so any Z * H * N fits CUDA's limits.
 #include <cmath>
 #include <cstdint>
 
@@ -22,7 +24,9 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = max_nan(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
   return v;
 }
 
@@ -58,22 +62,21 @@ __device__ __forceinline__ void load_logits(float (&x)[kCols], const float* __re
   }
 }
 
+// The forward of one row (this warp's): P and lse.
 template <typename T, int kCols>
-__global__ void softmax_forward_kernel(const float* __restrict__ scores,
-                                       const float* __restrict__ bias,
-                                       const float* __restrict__ mask, T* __restrict__ probs,
-                                       float* __restrict__ lse, int64_t rows, int64_t heads,
-                                       int64_t n, int64_t windows, float scale) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  if (row >= rows) return;
-  const int lane = threadIdx.x;
+__device__ __forceinline__ void forward_row(const float* __restrict__ scores,
+                                            const float* __restrict__ bias,
+                                            const float* __restrict__ mask, T* __restrict__ probs,
+                                            float* __restrict__ lse, int64_t row, int64_t heads,
+                                            int64_t n, int64_t windows, float scale, int lane) {
   float x[kCols];
   load_logits(x, scores, bias, mask, row, heads, n, windows, scale, lane);
   float row_max = -INFINITY;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) row_max = fmaxf(row_max, x[c]);
-  row_max = warp_max(row_max);
-  const float shift = row_max == -INFINITY ? 0.0f : row_max;  // fully masked: no NaN
+  for (int c = 0; c < kCols; ++c) row_max = max_nan(row_max, x[c]);
+  row_max = warp_max(row_max);  // NaN for a row holding NaN: P and lse NaN (torch's softmax)
+  const bool masked = row_max == -INFINITY;  // fully masked: P = 0, lse = +inf, no NaN
+  const float shift = masked ? 0.0f : row_max;
   float total = 0.0f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
@@ -81,31 +84,42 @@ __global__ void softmax_forward_kernel(const float* __restrict__ scores,
     total += x[c];
   }
   total = warp_sum(total);
-  const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+  const float inverse = masked ? 0.0f : 1.0f / total;
   T* p = probs + row * n;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int64_t j = lane + 32 * c;
     if (j < n) p[j] = from_float<T>(x[c] * inverse);
   }
-  if (lane == 0) lse[row] = total > 0.0f ? shift + logf(total) : INFINITY;
+  if (lane == 0) lse[row] = masked ? INFINITY : shift + logf(total);
 }
 
+// Warps stride over the rows (a whole warp per row, so every lane reaches the shuffles).
 template <typename T, int kCols>
-__global__ void softmax_backward_kernel(const float* __restrict__ scores,
-                                        const float* __restrict__ dprobs,
-                                        const float* __restrict__ bias,
-                                        const float* __restrict__ mask,
-                                        const float* __restrict__ lse, T* __restrict__ probs,
-                                        T* __restrict__ dscores, float* __restrict__ dbias_partial,
-                                        int64_t groups, int64_t batch, int64_t heads, int64_t n,
-                                        int64_t windows, float scale) {
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
-  if (warp >= groups * heads * n) return;
-  const int lane = threadIdx.x;
-  const int64_t i = warp % n;
-  const int64_t h = (warp / n) % heads;
-  const int64_t g = warp / (n * heads);
+__global__ void softmax_forward_kernel(const float* __restrict__ scores,
+                                       const float* __restrict__ bias,
+                                       const float* __restrict__ mask, T* __restrict__ probs,
+                                       float* __restrict__ lse, int64_t rows, int64_t heads,
+                                       int64_t n, int64_t windows, float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y; row < rows;
+       row += stride) {
+    forward_row<T, kCols>(scores, bias, mask, probs, lse, row, heads, n, windows, scale,
+                          threadIdx.x);
+  }
+}
+
+// The backward of row i, head h over the windows g, g + G, ... (this warp's item).
+template <typename T, int kCols>
+__device__ __forceinline__ void backward_item(
+    const float* __restrict__ scores, const float* __restrict__ dprobs,
+    const float* __restrict__ bias, const float* __restrict__ mask, const float* __restrict__ lse,
+    T* __restrict__ probs, T* __restrict__ dscores, float* __restrict__ dbias_partial,
+    int64_t item, int64_t groups, int64_t batch, int64_t heads, int64_t n, int64_t windows,
+    float scale, int lane) {
+  const int64_t i = item % n;
+  const int64_t h = (item / n) % heads;
+  const int64_t g = item / (n * heads);
   float dbias[kCols] = {};
   for (int64_t z = g; z < batch; z += groups) {
     const int64_t row = (z * heads + h) * n + i;
@@ -141,9 +155,26 @@ __global__ void softmax_backward_kernel(const float* __restrict__ scores,
   }
 }
 
-unsigned int blocks_for(int64_t warps) {
-  return static_cast<unsigned int>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+// Warps stride over the G * H * N items (a whole warp per item).
+template <typename T, int kCols>
+__global__ void softmax_backward_kernel(const float* __restrict__ scores,
+                                        const float* __restrict__ dprobs,
+                                        const float* __restrict__ bias,
+                                        const float* __restrict__ mask,
+                                        const float* __restrict__ lse, T* __restrict__ probs,
+                                        T* __restrict__ dscores, float* __restrict__ dbias_partial,
+                                        int64_t groups, int64_t batch, int64_t heads, int64_t n,
+                                        int64_t windows, float scale) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.y;
+       item < groups * heads * n; item += stride) {
+    backward_item<T, kCols>(scores, dprobs, bias, mask, lse, probs, dscores, dbias_partial, item,
+                            groups, batch, heads, n, windows, scale, threadIdx.x);
+  }
 }
+
+// Blocks of kWarpsPerBlock warps for `warps` warp-sized items, capped (the kernels stride).
+unsigned int blocks_for(int64_t warps) { return grid_blocks(warps, kWarpsPerBlock); }
 
 // Runs BODY with kCols bound to the smallest of 1, 2, 4, 8 covering n columns (n <= 256).
 #define WINDOW_ATTENTION_DISPATCH_COLS(N, ...)     \

@@ -10,12 +10,11 @@ Unlike the Triton kernels this path writes the (Z, H, N, N) scores to memory.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
+from fusedops.kernels.device import groups_to_fill, multiprocessors
 
 #: Warps the backward kernel aims for per SM (each loops over windows g, g + G, ...).
 WARPS_PER_SM = 32
@@ -35,18 +34,12 @@ def _float(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.float().contiguous() if t is not None else None
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _groups(q: torch.Tensor) -> int:
     """Window groups of the d_bias reduction: fixed per device and shape (same bits each run)."""
     windows, heads, n = q.shape[:3]
     if windows == 0:
         return 0
-    target = WARPS_PER_SM * _multiprocessors(q.device.index or 0)
-    return min(windows, max(1, -(-target // (heads * n))))
+    return groups_to_fill(windows, heads * n, WARPS_PER_SM * multiprocessors(q.device))
 
 
 def forward(q, k, v, bias, mask, scale):
@@ -63,7 +56,7 @@ def forward(q, k, v, bias, mask, scale):
     return torch.matmul(probs, v).contiguous(), lse
 
 
-def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
+def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``)."""
     windows, heads, n, _ = q.shape
     groups = _groups(q)

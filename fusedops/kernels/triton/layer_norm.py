@@ -26,13 +26,12 @@ the partial rows in a fixed order. No atomics: the same bits on every run.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from fusedops import _alloc
+from fusedops.kernels.device import programs_to_fill
 
 #: Rows up to this length are held in registers; longer rows take the looped path. Read at
 #: every call, so tests lower it to check the looped path with small N. The forward holds one
@@ -361,14 +360,7 @@ def _register_tile(N: int, backward: bool = False) -> tuple[int, int, int]:
 
 def _max_programs(device: torch.device) -> int:
     """How many partial rows (programs) the dweight/dbias reduction uses at most."""
-    if device.type == "cuda":
-        return 4 * _multiprocessors(device.index)
-    return INTERPRETER_PROGRAMS
-
-
-@functools.cache
-def _multiprocessors(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return programs_to_fill(device, 4, INTERPRETER_PROGRAMS)
 
 
 def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -15,7 +15,9 @@ find the next pick (highest score, lowest position on ties). Scores live in an f
 a dropped or picked box holds NaN there.
 
 IoU in fp32, correctly rounded division, and no fused multiply-adds (``enable_fp_fusion=False``),
-so the results equal the reference's bit for bit.
+so IoU, hence nms and the naive / linear soft-NMS decays, equal the reference's bit for bit.
+Gaussian soft-NMS goes through ``tl.exp`` (approximate on the GPU), so its scores are within
+float rounding of the reference's, not identical (two picks that close may swap places).
 """
 
 from __future__ import annotations
@@ -152,6 +154,8 @@ def nms_walk(boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshol
     col_end = block_column_end(classes_p, n) if batched else boxes_p.new_empty(0, dtype=torch.int64)
     classes = classes_p if batched else col_end
     mask, positions, count = nms_walk_buffers(n, device)
+    # grid dim 1 (<= 65535) holds col_blocks up to n = 4.19M boxes, whose bitmask alone would
+    # be n * col_blocks * 8 bytes = 2.2 TB: the allocation above fails long before the launch
     _mask_kernel[(col_blocks, col_blocks)](
         boxes_p, classes, col_end, mask, n, col_blocks, float(iou_threshold), float(offset),
         BATCHED=batched, enable_fp_fusion=False,

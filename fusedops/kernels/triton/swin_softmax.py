@@ -1,9 +1,11 @@
 """Swin attention softmax in Triton: ``softmax(attn + bias + mask)`` forward, and its backward
 with the bias gradient reduced over windows in fp32 without atomics.
 
-Forward: program (window, row block) normalises BLOCK_R rows of N scores of one window (a row
-per (head, query)), adding bias[head, query] and mask[window % nW, query] as it loads them; N
-is a compile-time constant, so the only per-row index math is ``row % N`` by a constant.
+Forward: program ``window * row_blocks + row block`` (a 1-D grid: windows and row blocks can
+each pass the 65535 that CUDA allows grid dims 1 and 2) normalises BLOCK_R rows of N scores of
+one window (a row per (head, query)), adding bias[head, query] and mask[window % nW, query] as
+it loads them; N is a compile-time constant, so the only per-row index math is ``row % N`` by
+a constant.
 Backward: program (row block, chunk) walks the windows of its chunk for BLOCK_R rows of one
 window's (heads*N, N) block, writes d_attn and accumulates dz for the same rows in fp32; the
 partial sums of the chunks are added in a fixed order afterwards.
@@ -28,14 +30,16 @@ def _forward_kernel(
     mask_ptr,
     out_ptr,
     heads_n,
+    row_blocks,
     mask_windows,
     N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    window = tl.program_id(0).to(tl.int64)
-    row = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # head * N + query in the window
+    program = tl.program_id(0).to(tl.int64)
+    window = program // row_blocks
+    row = (program % row_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)  # head * N + query
     col = tl.arange(0, BLOCK_N)
     inside = (row < heads_n)[:, None] & (col < N)[None, :]
     inner = row[:, None] * N + col[None, :]  # bias offsets; within one window too
@@ -46,11 +50,13 @@ def _forward_kernel(
         mask_base = (window % mask_windows) * N * N
         mask_offsets = (row % N)[:, None] * N + col[None, :]
         z += tl.load(mask_ptr + mask_base + mask_offsets, mask=inside, other=0.0)
-    top = tl.max(z, axis=1)
-    top = tl.where(top == -float("inf"), 0.0, top)  # fully -inf row: every exp is 0
-    e = tl.exp(z - top[:, None])
+    top = tl.max(z, axis=1)  # skips NaN: a NaN shows in the total instead
+    e = tl.exp(z - tl.where(top == -float("inf"), 0.0, top)[:, None])
     total = tl.sum(e, axis=1)
-    scale = tl.where(total > 0.0, 1.0 / tl.where(total > 0.0, total, 1.0), 0.0)
+    # fully masked: every entry -inf (the row max, NaN counted, is -inf); a NaN or +inf in a
+    # row makes its total NaN, so its probabilities are NaN, as torch.softmax's
+    masked = (top == -float("inf")) & (total == total)
+    scale = tl.where(masked, 0.0, 1.0 / tl.where(masked, 1.0, total))
     tl.store(out_ptr + base + inner, (e * scale[:, None]).to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -98,8 +104,9 @@ def forward(attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None) -
     out = _alloc.empty_like(attn)
     windows, heads, n = attn.shape[0], attn.shape[1], attn.shape[-1]
     block_r, block_n = _blocks(n)
-    _forward_kernel[(windows, triton.cdiv(heads * n, block_r))](
-        attn, bias, mask if mask is not None else bias, out, heads * n,
+    row_blocks = triton.cdiv(heads * n, block_r)
+    _forward_kernel[(windows * row_blocks,)](
+        attn, bias, mask if mask is not None else bias, out, heads * n, row_blocks,
         mask.shape[0] if mask is not None else 1,
         N=n, HAS_MASK=mask is not None, BLOCK_R=block_r, BLOCK_N=block_n,
     )  # fmt: skip

@@ -6,32 +6,36 @@ are (window z reads ``mask[z % nW]``) and converted to fp32. Scores, softmax sta
 every accumulator are fp32; the products P @ V, dS @ K... take P / dS in the input dtype, as
 flash attention does.
 
-Forward (``_forward_kernel``): one program per (query block, window * head) loops over key
+Forward (``_forward_kernel``): one program per (window * head, query block) loops over key
 blocks with an online softmax; it writes out and the row logsumexp (+inf for a row whose
-scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward).
+scores are all -inf: its output is 0 and ``exp(s - lse)`` is 0 in the backward; NaN for a row
+holding NaN or +inf, whose output is NaN as torch.softmax's).
 
-Backward (``_backward_kernel``): one program per (key block, head, group g); it loops over the
+Backward (``_backward_kernel``): one program per (head, key block, group g); it loops over the
 windows ``g, g + G, ...`` and, per window, over query blocks, recomputing ``P = exp(S - lse)``
 and accumulating dk, dv for its key block. The softmax backward's ``delta = rowsum(P dP)`` is
 exact (not ``rowsum(dO * O)`` with O rounded to the input dtype, which flash attention uses and
 which cost d_bias several bf16 ulps at d = 128). When one key block covers the window (N <=
 block, Swin's 7x7 windows) the program holds whole rows: it takes delta from them and writes dq
-too. Otherwise ``_backward_dq_kernel`` runs first (one program per query block and window *
-head): one pass over the key blocks for delta, a second for dq. d_bias: each program adds its
+too. Otherwise ``_backward_dq_kernel`` runs first (one program per window * head and query
+block): one pass over the key blocks for delta, a second for dq. d_bias: each program adds its
 dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block covers the
 window, else in its own region of the partial buffer); the partials are then summed over G in
 one fixed order. No atomics: the same bits on every run.
+
+Grids: windows * heads (or heads) on dim 0, which takes up to 2^31 - 1 programs (Swin-B stage 1
+at batch 256 has 65536 window-heads); dims 1 and 2, capped at 65535 by CUDA, carry the query /
+key blocks (at most 16) and the window groups (at most 65535, ``device.groups_to_fill``).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from fusedops import _alloc, dispatch
+from fusedops.kernels.device import groups_to_fill, multiprocessors
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
@@ -143,10 +147,10 @@ def _forward_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    zh = tl.program_id(1).to(tl.int64)
+    zh = tl.program_id(0).to(tl.int64)  # window * head on grid dim 0: up to 2^31 - 1
     z = zh // H
     h = zh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     q = _load_rows(q_ptr + z * sqz + h * sqh, rows, sqn, N, D)
     k_base = k_ptr + z * skz + h * skh
     v_base = v_ptr + z * svz + h * svh
@@ -162,18 +166,19 @@ def _forward_kernel(
         s = _scores(
             q, k, bias_base, mask_base, rows, cols, N, scale, HAS_BIAS, HAS_MASK, PRECISION, UPCAST
         )
-        new_max = tl.maximum(row_max, tl.max(s, axis=1))
+        new_max = tl.maximum(row_max, tl.max(s, axis=1))  # skips NaN: it shows in total
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: no NaN
         alpha = tl.exp(row_max - shift)
         p = tl.exp(s - shift[:, None])
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         row_max = new_max
-    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    nonempty = total > 0.0
-    total = tl.where(nonempty, total, 1.0)
+    # fully masked: every score -inf (the row max, NaN counted, is -inf): output 0, lse +inf; a
+    # NaN or +inf score makes total NaN, hence the row's output and lse NaN, as torch.softmax
+    masked = (row_max == float("-inf")) & (total == total)
+    total = tl.where(masked, 1.0, total)
     out = acc / total[:, None]
-    lse = tl.where(nonempty, shift + tl.log(total), float("inf"))
+    lse = tl.where(masked, float("inf"), row_max + tl.log(total))
     row_ok = rows < N
     out_rows = zh * N + rows
     cols_d = tl.arange(0, D)
@@ -228,9 +233,9 @@ def _backward_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    h = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     g = tl.program_id(2)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols_d = tl.arange(0, D)
     col_ok = cols < N
     bias_base = bias_ptr + h * N * N
@@ -335,10 +340,10 @@ def _backward_dq_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    zh = tl.program_id(1).to(tl.int64)
+    zh = tl.program_id(0).to(tl.int64)  # window * head on grid dim 0: up to 2^31 - 1
     z = zh // H
     h = zh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     q = _load_rows(q_ptr + z * sqz + h * sqh, rows, sqn, N, D)
     do = _load_rows(do_ptr + z * sdz + h * sdh, rows, sdn, N, D)
     lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
@@ -416,11 +421,6 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _groups(q: torch.Tensor, key_blocks: int) -> int:
     """Window groups G of the backward: enough programs to fill the GPU, at most one per
     window. Fixed for a device and shape, so d_bias is summed in the same order every run."""
@@ -429,8 +429,8 @@ def _groups(q: torch.Tensor, key_blocks: int) -> int:
         return 0
     if q.device.type != "cuda" or dispatch.triton_interpreter():
         return min(windows, INTERPRETER_GROUPS)
-    target = PROGRAMS_PER_SM * _multiprocessors(q.device.index or 0)
-    return min(windows, max(1, -(-target // max(heads * key_blocks, 1))))
+    target = PROGRAMS_PER_SM * multiprocessors(q.device)
+    return groups_to_fill(windows, heads * key_blocks, target)
 
 
 def _dummy(q: torch.Tensor) -> torch.Tensor:
@@ -447,7 +447,7 @@ def forward(q, k, v, bias, mask, scale):
         return out, lse
     block = _block(n)
     dummy = _dummy(q)
-    grid = (triton.cdiv(n, block), windows * heads)
+    grid = (windows * heads, triton.cdiv(n, block))  # dims 1, 2 <= 65535: not windows * heads
     _forward_kernel[grid](
         q,
         k,
@@ -474,9 +474,9 @@ def forward(q, k, v, bias, mask, scale):
     return out, lse
 
 
-def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
-    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``). ``out`` is
-    not read: the softmax backward's rowsum is taken from P dP."""
+def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
+    """(dq, dk, dv, dbias) of window attention (dbias None unless ``bias_grad``); the softmax
+    backward's rowsum is taken from P dP, so the forward's output is not needed."""
     q, k, v, dout = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(dout)
     windows, heads, n, d = q.shape
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -517,10 +517,10 @@ def backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad):
     delta = dummy
     if not one_key_block:  # dq and the rows' delta first: the dk/dv kernel reads delta
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-        _backward_dq_kernel[(triton.cdiv(n, block_m), windows * heads)](
+        _backward_dq_kernel[(windows * heads, triton.cdiv(n, block_m))](
             *inputs, delta, dq, *strides, heads, n, num_masks, scale, **options
         )
-    _backward_kernel[(key_blocks, heads, groups)](
+    _backward_kernel[(heads, key_blocks, groups)](  # groups <= 65535 (groups_to_fill)
         *inputs,
         delta,
         dq,

@@ -70,6 +70,7 @@ def _gather(src, dst, windows, height, width, wh, ww, sh, sw, reverse: bool) -> 
     block_c = min(triton.next_power_of_2(channels), max(16, TILE // block_p))
     if reverse:  # the map pixel a window pixel goes to is shifted the other way
         sh, sw = (height - sh) % height, (width - sw) % width
+    # windows on dim 0 (up to 2^31 - 1); channel blocks on dim 1 (<= 65535: C up to ~1M)
     grid = (windows, triton.cdiv(channels, block_c))
     _window_gather_kernel[grid](
         src, dst, channels, height, width, sh, sw,

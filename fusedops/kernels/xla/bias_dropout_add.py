@@ -13,13 +13,9 @@ import jax.numpy as jnp
 import torch
 
 from fusedops.ops import philox
-from fusedops.xla.lower import jax_dtype, register
+from fusedops.xla.lower import compute_dtype, jax_dtype, register
 
 fusedops = torch.ops.fusedops
-
-
-def _compute_dtype(*dtypes):
-    return jnp.float64 if jnp.dtype(jnp.float64) in dtypes else jnp.float32
 
 
 def _dropout(v, seed, p: float):
@@ -38,7 +34,7 @@ def _dropout(v, seed, p: float):
 @register(fusedops.bias_dropout_add.default)
 def bias_dropout_add(x, bias, residual, seed, p, backend=None):
     dtypes = [x.dtype, residual.dtype] + ([] if bias is None else [bias.dtype])
-    compute = _compute_dtype(*dtypes)
+    compute = compute_dtype(*dtypes)
     v = x.astype(compute)
     if bias is not None:
         v = v + bias.astype(compute)
@@ -49,7 +45,7 @@ def bias_dropout_add(x, bias, residual, seed, p, backend=None):
 def bias_dropout_add_backward(grad, seed, p, x_dtype, bias_dtype, backend=None):
     x_type = jax_dtype(x_dtype)
     bias_type = None if bias_dtype is None else jax_dtype(bias_dtype)
-    compute = _compute_dtype(grad.dtype, jnp.dtype(x_type), jnp.dtype(bias_type or x_type))
+    compute = compute_dtype(grad.dtype, x_type, bias_type)
     g = _dropout(grad.astype(compute), seed, p)
     if bias_type is None:
         return g.astype(x_type), jnp.zeros((0,), grad.dtype)

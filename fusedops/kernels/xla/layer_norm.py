@@ -16,14 +16,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.xla.lower import jax_dtype, register
+from fusedops.xla.lower import compute_dtype, jax_dtype, register
 
 fusedops = torch.ops.fusedops
-
-
-def _compute_dtype(x):
-    """fp64 for fp64 x, else fp32 (the statistics' dtype too)."""
-    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
 
 
 def _rounded(xhat, xhat_dtype):
@@ -34,7 +29,7 @@ def _rounded(xhat, xhat_dtype):
 def _forward(x, weight, bias, eps, rms: bool, out_dtype=None, xhat_dtype=None):
     """(y in x's dtype or the torch dtype ``out_dtype``, mean or None, rstd) of rows x,
     statistics in the compute dtype; ``xhat_dtype``: xhat rounded to it before the weight."""
-    c = x.astype(_compute_dtype(x))
+    c = x.astype(compute_dtype(x.dtype))
     if rms:
         mean = None
         rstd = lax.rsqrt(jnp.mean(c * c, axis=1) + eps)
@@ -60,7 +55,7 @@ def _grad_or_empty(grad, like, x):
 
 def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     """(dx, dweight, dbias) of rows x; an absent parameter's gradient is an empty array."""
-    c = x.astype(_compute_dtype(x))
+    c = x.astype(compute_dtype(x.dtype))
     g0 = dy.astype(c.dtype)
     rstd = rstd.astype(c.dtype)[:, None]
     xhat = c * rstd if rms else (c - mean.astype(c.dtype)[:, None]) * rstd

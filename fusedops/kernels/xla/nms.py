@@ -3,8 +3,9 @@ NMS is not differentiable) with the same outputs as the eager ops (see ``fusedop
 
 nms walks the boxes in decreasing score order with ``lax.fori_loop``, each step removing the
 later boxes of the same class that the box (if still kept) overlaps above the threshold.
-soft-NMS runs ``lax.while_loop`` while boxes are left, each step picking the best live score
-(lowest index on ties), which gives the picks of all classes already in decreasing score order.
+soft-NMS runs ``lax.while_loop`` while boxes are left (at most N steps), each step picking the
+best live score (lowest index on ties), which gives the picks of all classes already in
+decreasing score order; a NaN-scored box is never live (count is -1 then).
 IoU in fp32 (fp64 for fp64 boxes) with the reference's formula.
 """
 
@@ -15,13 +16,9 @@ import torch
 from jax import lax
 
 from fusedops.ops.nms_reference import GAUSSIAN, NAIVE
-from fusedops.xla.lower import register
+from fusedops.xla.lower import compute_dtype, register
 
 fusedops = torch.ops.fusedops
-
-
-def _compute_dtype(boxes):
-    return jnp.float64 if boxes.dtype == jnp.float64 else jnp.float32
 
 
 def _areas(b, offset):
@@ -46,7 +43,7 @@ def nms(boxes, scores, idxs, iou_threshold, offset, backend=None):
     if n == 0:
         return jnp.zeros((0,), jnp.int64), jnp.zeros((), jnp.int64)
     order = jnp.argsort(scores, descending=True, stable=True)
-    b = boxes[order].astype(_compute_dtype(boxes))
+    b = boxes[order].astype(compute_dtype(boxes.dtype))
     classes = _classes(idxs, n)[order]
     area = _areas(b, offset)
     later = jnp.arange(n)
@@ -73,7 +70,7 @@ def _weight(iou, iou_threshold, sigma, method):
 @register(fusedops.soft_nms.default)
 def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offset, backend=None):
     n = boxes.shape[0]
-    dtype = _compute_dtype(boxes)
+    dtype = compute_dtype(boxes.dtype)
     if n == 0:
         return jnp.zeros((0,), jnp.int64), jnp.zeros((0,), dtype), jnp.zeros((), jnp.int64)
     b = boxes.astype(dtype)
@@ -81,8 +78,8 @@ def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offse
     classes = _classes(idxs, n)
     index = jnp.arange(n)
 
-    def live_left(state):
-        return state[1].any()
+    def live_left(state):  # at most n steps, whatever the scores
+        return state[1].any() & (state[4] < n)
 
     def step(state):
         score, live, picks, picked, k = state
@@ -97,7 +94,7 @@ def soft_nms(boxes, scores, idxs, iou_threshold, sigma, min_score, method, offse
 
     start = (
         scores.astype(dtype),
-        jnp.ones((n,), bool),
+        ~jnp.isnan(scores),  # a NaN-scored box is never picked (count is -1 anyway)
         jnp.full((n,), -1, jnp.int64),
         jnp.zeros((n,), dtype),
         jnp.zeros((), jnp.int64),

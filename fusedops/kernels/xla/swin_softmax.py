@@ -1,12 +1,13 @@
 """Swin attention softmax in XLA: ``softmax(attn + bias + mask)`` with fully -inf rows giving
-zeros, in fp32 for 16-bit inputs; the backward gives d_attn and the bias gradient summed over
-windows."""
+zeros (NaN for rows holding NaN or +inf, ``_swin.py``), in fp32 for 16-bit inputs; the backward
+gives d_attn and the bias gradient summed over windows."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
 
+from fusedops.kernels.xla._swin import add_window_mask, masked_softmax
 from fusedops.xla.lower import register, upcast
 
 fusedops = torch.ops.fusedops
@@ -14,17 +15,10 @@ fusedops = torch.ops.fusedops
 
 @register(fusedops.swin_attention_softmax.default)
 def swin_attention_softmax(attn, bias, mask=None, backend=None):
-    windows, heads, n, _ = attn.shape
     z = upcast(attn) + bias[None]
     if mask is not None:
-        nw = mask.shape[0]
-        z = (z.reshape(windows // nw, nw, heads, n, n) + mask[None, :, None]).reshape(z.shape)
-    top = jnp.max(z, axis=-1, keepdims=True)
-    top = jnp.where(top == -jnp.inf, 0.0, top)
-    e = jnp.exp(z - top)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    probs = jnp.where(total > 0, e / jnp.where(total > 0, total, 1.0), 0.0)
-    return probs.astype(attn.dtype)
+        z = add_window_mask(z, mask)
+    return masked_softmax(z).astype(attn.dtype)
 
 
 @register(fusedops.swin_attention_softmax_backward.default)

@@ -1,6 +1,7 @@
 """Window attention in XLA, forward and backward, with fusedops' semantics (ops/window_attention):
 scores and statistics in fp32 for 16-bit inputs, window z reading ``mask[z % nW]``, a fully
-masked row giving zeros with logsumexp +inf, d_bias summed over windows."""
+masked row giving zeros with logsumexp +inf (NaN for a row holding NaN or +inf, ``_swin.py``),
+d_bias summed over windows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from fusedops.kernels.xla._swin import add_window_mask, shifted_exp
 from fusedops.xla.lower import register, upcast
 
 fusedops = torch.ops.fusedops
@@ -24,27 +26,22 @@ def _scores(q, k, bias, mask, scale):
     if bias is not None:
         s = s + bias.astype(c.dtype)
     if mask is not None:
-        windows = mask.shape[0]
-        by_image = s.reshape(s.shape[0] // windows, windows, *s.shape[1:])
-        s = (by_image + mask.astype(c.dtype)[None, :, None]).reshape(s.shape)
+        s = add_window_mask(s, mask)
     return s
 
 
 @register(fusedops.window_attention.default)
 def window_attention(q, k, v, bias, mask, scale, backend=None):
     s = _scores(q, k, bias, mask, scale)
-    row_max = jnp.max(s, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isneginf(row_max), 0.0, row_max)
-    p = jnp.exp(s - row_max)
-    total = jnp.sum(p, axis=-1, keepdims=True)
-    nonempty = total > 0
-    out = _product("zhnm,zhmd->zhnd", p, v.astype(s.dtype)) / jnp.where(nonempty, total, 1.0)
-    lse = jnp.where(nonempty, row_max + jnp.log(jnp.where(nonempty, total, 1.0)), jnp.inf)
+    p, shift, masked = shifted_exp(s)
+    total = jnp.where(masked, 1.0, jnp.sum(p, axis=-1, keepdims=True))
+    out = jnp.where(masked, 0.0, _product("zhnm,zhmd->zhnd", p, v.astype(s.dtype)) / total)
+    lse = jnp.where(masked, jnp.inf, shift + jnp.log(total))
     return out.astype(q.dtype), lse[..., 0]
 
 
 @register(fusedops.window_attention_backward.default)
-def window_attention_backward(dout, q, k, v, bias, mask, out, lse, scale, bias_grad, backend=None):
+def window_attention_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad, backend=None):
     s = _scores(q, k, bias, mask, scale)
     p = jnp.exp(s - lse.astype(s.dtype)[..., None])
     do = dout.astype(s.dtype)

@@ -15,14 +15,19 @@ def _partition(x, window_h, window_w, shift_h, shift_w):
     batch, height, width, channels = x.shape
     if shift_h % height or shift_w % width:
         x = jnp.roll(x, (shift_h, shift_w), axis=(1, 2))
-    grid = x.reshape(batch, height // window_h, window_h, width // window_w, window_w, channels)
-    return grid.transpose(0, 1, 3, 2, 4, 5).reshape(-1, window_h, window_w, channels)
+    rows, cols = height // window_h, width // window_w
+    grid = x.reshape(batch, rows, window_h, cols, window_w, channels)
+    return grid.transpose(0, 1, 3, 2, 4, 5).reshape(
+        batch * rows * cols, window_h, window_w, channels
+    )
 
 
 def _reverse(windows, window_h, window_w, height, width, shift_h, shift_w):
-    channels = windows.shape[-1]
-    grid = windows.reshape(-1, height // window_h, width // window_w, window_h, window_w, channels)
-    x = grid.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, channels)
+    # sizes spelled out: a reshape to (-1, ...) of no elements (C = 0) is ambiguous
+    rows, cols, channels = height // window_h, width // window_w, windows.shape[-1]
+    batch = windows.shape[0] // (rows * cols)
+    grid = windows.reshape(batch, rows, cols, window_h, window_w, channels)
+    x = grid.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, channels)
     if shift_h % height or shift_w % width:
         x = jnp.roll(x, (shift_h, shift_w), axis=(1, 2))
     return x

@@ -1,0 +1,43 @@
+"""What the kernel launchers ask of the device, in one place: CUDA's grid limits, the number of
+multiprocessors (asked once per device, cached) and how many programs fill them.
+
+Importing this imports torch only; CUDA is queried the first time a CUDA device is asked about.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: CUDA's grid limits: dim 0 (x) takes up to 2^31 - 1 blocks, dims 1 and 2 (y, z) 65535 each.
+#: Triton's program ids map onto the same dims, so the same limits hold for its grids.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA ``device`` (no index: the current device); cached."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _multiprocessors(index)
+
+
+def programs_to_fill(device: torch.device, per_sm: int, elsewhere: int) -> int:
+    """Programs (blocks) a launch wants to fill ``device``: ``per_sm`` per multiprocessor on a
+    CUDA device, ``elsewhere`` on any other (a few: Triton's CPU interpreter)."""
+    if device.type == "cuda":
+        return per_sm * multiprocessors(device)
+    return elsewhere
+
+
+def groups_to_fill(items: int, programs_per_group: int, target: int) -> int:
+    """Groups to split ``items`` (>= 1) into so that groups x ``programs_per_group`` reaches
+    ``target`` programs: at least 1, at most ``items`` and MAX_GRID_YZ (a group count is a grid
+    dim 1 or 2, or bounds one). A function of the shapes and the device only, so reductions
+    over the groups add their partial sums in the same order on every run."""
+    return min(items, MAX_GRID_YZ, max(1, -(-target // max(programs_per_group, 1))))

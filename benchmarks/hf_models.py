@@ -11,8 +11,8 @@ tests' (a few seconds for all eight). Per model:
 - ``convnext``: ``ConvNextForImageClassification``, stages of 32/64/128/256 channels, one block
   each (7x7 depthwise convolutions), patch-4 stem.
 - ``gpt2``: ``GPT2LMHeadModel``, causal LM loss on its own tokens.
-- ``swin``: ``SwinForImageClassification``, patch 4, embed dim 64 (stages of 64/128/256
-  channels, 1/1/2 blocks, 2/4/8 heads), window 4.
+- ``swin``: ``SwinForImageClassification``, patch 4 (16x16 patches), embed dim 64 (stages of
+  64/128/256 channels, 1/1/2 blocks, 2/4/8 heads), window 4.
 - ``vit``: ``ViTForImageClassification``, patch 8 (64 patches + class token).
 - ``t5``: ``T5ForConditionalGeneration``, 4 encoder and 4 decoder layers, d_kv 64, d_ff 1024,
   encoder and decoder 128 tokens (targets labelled for cross-entropy).
@@ -128,9 +128,10 @@ def _gpt2(T, s: Size, g: torch.Generator):
 
 def _swin(T, s: Size, g: torch.Generator):
     embed = s.hidden // 4
-    config = T.SwinConfig(
-        image_size=s.image, patch_size=4, embed_dim=embed, depths=[1, 1, max(s.layers - 2, 1)],
-        num_heads=[max(s.heads // 2, 1), s.heads, 2 * s.heads], window_size=4, num_labels=10,
+    config = T.SwinConfig(  # patches: a 16x16 grid (stages of 16x16, 8x8, 4x4 tokens)
+        image_size=s.image, patch_size=s.image // 16, embed_dim=embed,
+        depths=[1, 1, max(s.layers - 2, 1)], num_heads=[max(s.heads // 2, 1), s.heads, 2 * s.heads],
+        window_size=4, num_labels=10,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0,
     )  # fmt: skip
     return T.SwinForImageClassification(config), _images(s, g)

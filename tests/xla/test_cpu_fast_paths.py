@@ -70,3 +70,52 @@ def test_grouped_convolution_with_several_channels_per_group_is_not_depthwise(de
     x, w = torch.randn(2, 4, 6, 6), torch.randn(4, 2, 3, 3)
     check_traced(lambda x, w: F.conv2d(x, w, padding=1, groups=2), x, w, rtol=1e-4)
     assert depthwise_calls == {"forward": 0, "input": 0, "weight": 0}
+
+
+# (logits shape, target shape, cross_entropy keyword arguments): the masked-LM head's (ignored
+# positions, mean), class weights, a per-pixel loss (nll_loss2d), no reduction, one sample
+CROSS_ENTROPY = [
+    ((12, 9), (12,), {"ignore_index": -100}),
+    ((12, 9), (12,), {"weight": "random", "ignore_index": 3, "reduction": "sum"}),
+    ((2, 5, 3, 4), (2, 3, 4), {"weight": "random", "ignore_index": 1}),
+    ((6, 7), (6,), {"reduction": "none", "ignore_index": 0}),
+    ((7,), (), {}),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "t_shape", "kwargs"), CROSS_ENTROPY, ids=str)
+def test_cross_entropy_backward_matches_eager(x_shape, t_shape, kwargs):
+    """nll_loss's backward is a compare against the class index (no scatter): gradients of
+    log_softmax + nll_loss with ignored targets, class weights and every reduction."""
+    classes = x_shape[1] if len(x_shape) > 1 else x_shape[0]
+    target = torch.randint(0, classes, t_shape)
+    if "ignore_index" in kwargs and target.dim():
+        target.view(-1)[::3] = kwargs["ignore_index"]  # some positions ignored
+    if kwargs.get("weight") == "random":
+        kwargs = {**kwargs, "weight": torch.rand(classes) + 0.5}
+    x = torch.randn(x_shape)
+    check_traced(lambda x, t: F.cross_entropy(x, t, **kwargs), x, target, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_cpu_results_cross_to_torch_without_copy_or_warning(dtype):
+    """A CPU program's results become torch tensors viewing the result buffers (NumPy views;
+    bfloat16 by DLPack), silently, and torch may write them in place."""
+    import warnings
+
+    import jax
+
+    from fusedops.xla import bridge, lower
+
+    with jax.enable_x64(True):
+        value = jax.device_put(jax.numpy.arange(1, 7).reshape(2, 3), jax.devices("cpu")[0])
+        value = value.astype(lower.jax_dtype(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = bridge.to_torch(value)
+        with bridge.quiet_crossings():
+            again = bridge.to_torch(value)
+    assert out.dtype == dtype and out.data_ptr() == value.unsafe_buffer_pointer()
+    assert again.data_ptr() == out.data_ptr()
+    out[0, 0] = 0
+    assert not bool(again[0, 0])

@@ -36,6 +36,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import hf_models  # noqa: E402
 from benchmarks.common import gpu_name  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -86,12 +87,27 @@ def vit_b16_case(batch: int):
     return ViTB16(), torch.randn(batch, 3, 224, 224)
 
 
-#: --models names -> (name pattern, (model, input) builder, default batch)
+def hf_case(model: str):
+    """The (LossOf(model), batch) builder of ``hf_models``' model ``model`` at the benchmark's
+    size (``hf_models.Size``) with the given batch size."""
+
+    def build(batch: int):
+        return hf_models.build(model, hf_models.Size(batch=batch))
+
+    return build
+
+
+#: --models names -> (name pattern, (model, input) builder, default batch); a model whose
+#: forward returns a 0-dim tensor (the HF set's) returns its loss
 CASES = {
     "mlp": ("mlp-4x1024-b{batch}", mlp_case, 256),
     "vit": ("vit-d256-h4-s196-b{batch}-4blk", vit_case, 8),
     "vit_b16": ("vit-b16-224-b{batch}", vit_b16_case, 64),
 }
+#: ``--hf``: the Hugging Face set (``hf_models``), hidden 256, 4 layers, seq 128 / 64 px images
+HF_MODELS = [f"hf_{name}" for name in hf_models.NAMES]
+for _name in hf_models.NAMES:
+    CASES[f"hf_{_name}"] = (f"hf-{_name}-h256-l4-b{{batch}}", hf_case(_name), hf_models.Size.batch)
 
 
 def case_name(model: str, batch: int | None, dtype: str) -> str:
@@ -101,13 +117,20 @@ def case_name(model: str, batch: int | None, dtype: str) -> str:
     return pattern.format(batch=batch or default_batch) + suffix
 
 
+def _to(x, device: str, kind: torch.dtype):
+    """A model input (a tensor or a dict of them) on ``device``, floating tensors in ``kind``."""
+    if isinstance(x, dict):
+        return {k: _to(v, device, kind) for k, v in x.items()}
+    return x.to(device, kind) if x.is_floating_point() else x.to(device)
+
+
 def build_case(model: str, batch: int | None, device: str, dtype: str):
     """(name, model, input) of ``CASES[model]`` on ``device`` in ``dtype`` (a torch.dtype
-    name)."""
+    name); the input is a tensor or (the HF set) a dict of tensors."""
     _, build, default_batch = CASES[model]
     module, x = build(batch or default_batch)
     kind = getattr(torch, dtype)
-    return case_name(model, batch, dtype), module.to(device, kind), x.to(device, kind)
+    return case_name(model, batch, dtype), module.to(device, kind), _to(x, device, kind)
 
 
 def make_forward(backend: str, model: nn.Module):
@@ -120,15 +143,17 @@ def make_forward(backend: str, model: nn.Module):
     return torch.compile(model, dynamic=False)
 
 
-def time_backend(backend: str, model: nn.Module, x: torch.Tensor, steps: int):
+def time_backend(backend: str, model: nn.Module, x, steps: int):
     """Forward+backward ms of each of ``steps`` steps (after 2 warm-up steps) and the first
-    call's seconds, for one backend."""
+    call's seconds, for one backend. The loss is the model's output where that is 0-dim, else
+    mean(output**2)."""
     forward = make_forward(backend, model)
-    cuda = x.device.type == "cuda"
+    cuda = next(model.parameters()).device.type == "cuda"
 
     def step():
         model.zero_grad(set_to_none=True)
-        forward(x).float().square().mean().backward()
+        out = forward(x)
+        (out if out.dim() == 0 else out.float().square().mean()).backward()
         if cuda:  # eager and inductor queue their work; XLA's results are already ready
             torch.cuda.synchronize()
 
@@ -223,6 +248,11 @@ def main() -> None:
         default=None,
         help=f"comma-separated, of {sorted(CASES)} (default: mlp,vit on cpu, vit_b16 on cuda)",
     )
+    parser.add_argument(
+        "--hf",
+        action="store_true",
+        help="the Hugging Face model set (benchmarks/hf_models.py), after any --models",
+    )
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: per model)")
     parser.add_argument("--dtype", default="float32", help="parameters' and input's dtype")
     parser.add_argument(
@@ -244,7 +274,10 @@ def main() -> None:
     if cuda and not torch.cuda.is_available():
         print("bench_xla --device cuda: no CUDA device here (skipped)")
         return
-    models = (args.models or ("vit_b16" if cuda else "mlp,vit")).split(",")
+    models = args.models.split(",") if args.models else []
+    if args.hf:
+        models += HF_MODELS
+    models = models or (["vit_b16"] if cuda else ["mlp", "vit"])
     unknown = sorted(set(models) - set(CASES))
     if unknown or args.rounds < 1 or args.steps < 1:
         parser.error(f"--models from {sorted(CASES)} (not {unknown}), --rounds and --steps >= 1")

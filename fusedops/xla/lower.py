@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -169,6 +170,16 @@ def _dims(dim, ndim: int) -> tuple[int, ...]:
 def _axis(dim: int, ndim: int) -> int | None:
     """One axis ``dim`` normalised, or None for a 0-dim tensor (torch's dim 0 / -1 there)."""
     return None if ndim == 0 else dim % ndim
+
+
+def on_cpu() -> bool:
+    """Whether the program being traced runs on the CPU (``JaxProgram`` traces inside
+    ``jax.default_device(<its device>)``). Lowerings use it to pick the form XLA:CPU runs fast
+    where it differs from what suits a GPU."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend() == "cpu"
+    return getattr(device, "platform", device) == "cpu"
 
 
 def upcast(x):

@@ -137,10 +137,11 @@ class JaxProgram:
             else:
                 results = function(*jax_args)
             jax.block_until_ready(results)
-        converted = {
-            node: (None if r is None else self._to_torch(r, node, on_cpu))
-            for node, r in zip(self._computed, results)
-        }
+        with bridge.quiet_crossings():
+            converted = {
+                node: (None if r is None else self._to_torch(r, node, on_cpu))
+                for node, r in zip(self._computed, results)
+            }
         inputs = dict(zip(self.placeholders, args)) if self._returns_inputs else {}
         outs = []
         for o in self.outputs:

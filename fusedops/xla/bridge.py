@@ -138,6 +138,18 @@ def _import(t: torch.Tensor):
     return t.numpy()
 
 
+def contiguous_order(t) -> tuple[int, ...] | None:
+    """For a non-contiguous tensor that is a permutation of a dense row-major one (a
+    transposed weight, a permuted activation), the dims ``p`` with ``t.permute(p)``
+    contiguous: crossing ``t.permute(p)`` and transposing back inside the program costs no copy,
+    where ``t.contiguous()`` copies. None for contiguous tensors, parameters (cached as they
+    are) and other layouts (expanded, sliced)."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.is_contiguous():
+        return None
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
+    return order if t.permute(order).is_contiguous() else None
+
+
 def _cached_param(t: torch.Tensor, device):
     ptr = t.data_ptr()
     cuda = t.device.type != "cpu"

@@ -345,7 +345,7 @@ class XlaTrainStep:
         missing = unsupported_ops(gm)
         if missing:
             raise UnsupportedOpsError(missing, where="xla_trace")
-        program = JaxProgram(gm, "train_step")
+        program = JaxProgram(gm, "train_step", views_in_torch=False)
         return _Compiled(program, layout, constants, out_info["spec"], out_info["leaves"])
 
     def _lift(self, gm: torch.fx.GraphModule) -> list:

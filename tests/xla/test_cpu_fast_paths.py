@@ -4,6 +4,8 @@ forward and backward, with a check that the fast path is the one that ran."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,10 +85,29 @@ CROSS_ENTROPY = [
 ]
 
 
+@pytest.fixture
+def one_hot_scatters(monkeypatch):
+    """The scatters ``lower_shape._scatter`` ran as a compare (one index per row)."""
+    from fusedops.xla import lower_shape
+
+    hits = []
+    original = lower_shape._one_per_row
+
+    def spy(x, dim, index):
+        found = original(x, dim, index)
+        if found:
+            hits.append(tuple(x.shape))
+        return found
+
+    monkeypatch.setattr(lower_shape, "_one_per_row", spy)
+    return hits
+
+
 @pytest.mark.parametrize(("x_shape", "t_shape", "kwargs"), CROSS_ENTROPY, ids=str)
-def test_cross_entropy_backward_matches_eager(x_shape, t_shape, kwargs):
-    """nll_loss's backward is a compare against the class index (no scatter): gradients of
-    log_softmax + nll_loss with ignored targets, class weights and every reduction."""
+def test_cross_entropy_backward_matches_eager(one_hot_scatters, x_shape, t_shape, kwargs):
+    """nll_loss's backward (decomposed to a one-hot scatter) is a compare against the class
+    index, not a scatter into zeros: gradients of log_softmax + nll_loss with ignored targets,
+    class weights and every reduction."""
     classes = x_shape[1] if len(x_shape) > 1 else x_shape[0]
     target = torch.randint(0, classes, t_shape)
     if "ignore_index" in kwargs and target.dim():
@@ -95,6 +116,43 @@ def test_cross_entropy_backward_matches_eager(x_shape, t_shape, kwargs):
         kwargs = {**kwargs, "weight": torch.rand(classes) + 0.5}
     x = torch.randn(x_shape)
     check_traced(lambda x, t: F.cross_entropy(x, t, **kwargs), x, target, rtol=1e-5, atol=1e-6)
+    assert one_hot_scatters, "the backward's one-hot scatter did not take the compare path"
+
+
+# (x shape, dim, index shape): one index per row along the last dim, the first, a middle one;
+# then two per row and a partial index (the general scatter)
+SCATTERS = [
+    ((6, 9), -1, (6, 1)),
+    ((5, 4, 3), 0, (1, 4, 3)),
+    ((2, 7, 3), 1, (2, 1, 3)),
+    ((6, 9), 1, (6, 2)),
+    ((6, 9), 1, (4, 1)),
+]
+
+
+@pytest.mark.parametrize("with_src", [False, True], ids=["value", "src"])
+@pytest.mark.parametrize(("x_shape", "dim", "i_shape"), SCATTERS, ids=str)
+def test_scatter_with_one_index_per_row_is_a_compare(
+    one_hot_scatters, x_shape, dim, i_shape, with_src
+):
+    """scatter with one index per row (the decomposed nll_loss backward's one-hot) is lowered
+    as a compare against the index; other scatters as scatters; both match eager, forward
+    and backward (src's gradient included)."""
+    d = dim % len(x_shape)
+    index = torch.stack(
+        [torch.randperm(x_shape[d])[: i_shape[d]] for _ in range(math.prod(i_shape) // i_shape[d])]
+    )  # distinct indices along dim in each row, so the result does not depend on write order
+    index = index.reshape(*i_shape[:d], *i_shape[d + 1 :], i_shape[d]).movedim(-1, d)
+    x = torch.randn(x_shape)
+    if with_src:
+        src = torch.randn(i_shape)
+        check_traced(lambda x, s: torch.scatter(x, dim, index, s), x, src, rtol=0, atol=0)
+    else:
+        check_traced(lambda x: torch.scatter(x, dim, index, -1.5), x, rtol=0, atol=0)
+    one_per_row = (
+        i_shape[d] == 1 and i_shape[:d] + i_shape[d + 1 :] == x_shape[:d] + x_shape[d + 1 :]
+    )
+    assert bool(one_hot_scatters) == one_per_row
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
@@ -119,3 +177,114 @@ def test_cpu_results_cross_to_torch_without_copy_or_warning(dtype):
     assert again.data_ptr() == out.data_ptr()
     out[0, 0] = 0
     assert not bool(again[0, 0])
+
+
+def _aten_graph(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def test_outputs_that_are_views_of_inputs_are_made_by_torch():
+    """A program output that is views of an input (AOTAutograd saving ``weight.t()``) is a
+    torch view of the input tensor, not a copy out of the program; computed outputs still come
+    from the program; with views_in_torch=False (xla_trace) every output is the program's."""
+    from fusedops.xla.program import JaxProgram
+
+    def fn(w, x):
+        return w.t(), (x * 2).view(-1), w.view(3, 4).unsqueeze(0)[:, 1:], x.detach()
+
+    w, x = torch.randn(4, 3), torch.randn(2, 5)
+    gm = _aten_graph(fn, w, x)
+    program = JaxProgram(gm)
+    outs = program([w, x])
+    for out, expected in zip(outs, fn(w, x)):
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert outs[0].data_ptr() == w.data_ptr() and outs[0].stride() == (1, 3)
+    assert outs[2].untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+    assert outs[3].data_ptr() == x.data_ptr()
+    assert outs[1].untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    copied = JaxProgram(gm, views_in_torch=False)([w, x])
+    assert copied[0].data_ptr() != w.data_ptr()
+    torch.testing.assert_close(copied[0], w.t(), rtol=0, atol=0)
+    # an input with other strides than traced: the view becomes a reshape, same values
+    wide = torch.randn(3, 4).t()
+    torch.testing.assert_close(program([wide, x])[2], wide.reshape(3, 4)[None, 1:])
+
+
+def test_training_with_saved_weight_views_matches_eager():
+    """A tied-embedding masked-LM head (the backward reads the weight's transpose, saved as a
+    view of the weight) trains under partial_trace as eagerly, gradients included."""
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(11, 6)
+            self.norm = torch.nn.LayerNorm(6)
+
+        def forward(self, ids, labels):
+            h = self.norm(self.embed(ids))
+            logits = h @ self.embed.weight.t()
+            return F.cross_entropy(logits.view(-1, 11), labels.view(-1), ignore_index=-100)
+
+    import copy
+
+    from fusedops.xla import partial_trace, program
+
+    ids = torch.randint(0, 11, (3, 4))
+    labels = torch.where(torch.rand(3, 4) < 0.5, ids, -100)
+    labels[0, 0] = ids[0, 0]
+    eager = Head()
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    traced = partial_trace(model, fullgraph=True)
+    views = []
+    original = program.JaxProgram.__call__
+
+    def spy(self, args):
+        views.extend(node.name for node in self._views)
+        return original(self, args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(program.JaxProgram, "__call__", spy)
+        for _ in range(2):  # the second step runs the compiled programs again
+            expected, actual = eager(ids, labels), traced(ids, labels)
+            expected.backward()
+            actual.backward()
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert views, "no output was made as a view of an input"
+
+
+def test_permuted_inputs_cross_as_their_dense_base():
+    """An input that is a permutation of a dense tensor (w.t(), a permuted activation) crosses
+    as its base, transposed back inside the program: same results as contiguous inputs, one
+    compiled function per layout; expanded or sliced inputs are made contiguous as before."""
+    from fusedops.xla import bridge
+    from fusedops.xla.program import JaxProgram
+
+    w, x = torch.randn(4, 3), torch.randn(2, 3, 5)
+    assert bridge.contiguous_order(w.t()) == (1, 0)
+    assert bridge.contiguous_order(x.permute(2, 0, 1)) == (1, 2, 0)
+    assert bridge.contiguous_order(x) is None
+    assert bridge.contiguous_order(torch.randn(3, 1).expand(3, 4)) is None
+    assert bridge.contiguous_order(x[:, :, ::2]) is None
+    assert bridge.contiguous_order(torch.nn.Parameter(w.t())) is None
+
+    def fn(a, b):
+        return a @ b.sum(-1), b * 2
+
+    gm = _aten_graph(fn, torch.randn(3, 4), torch.randn(4, 2, 3))
+    program = JaxProgram(gm)
+    x4 = torch.randn(2, 3, 4)
+    for a, b in [
+        (w.t(), x4.permute(2, 0, 1)),  # both permuted
+        (w.t().contiguous(), x4.permute(2, 0, 1).contiguous()),
+        (w.t(), x[..., :4].permute(2, 0, 1)),  # b sliced along its innermost dim: copied
+    ]:
+        got = program([a, b])
+        for out, expected in zip(got, fn(a, b)):
+            torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    layouts = sorted(str(layout) for _, layout in program._functions)
+    assert layouts == ["((1, 0), (1, 2, 0))", "((1, 0), None)", "None"], layouts

@@ -6,7 +6,11 @@ reads dy and x and writes dx (3 passes); "both" is forward then backward (5 pass
 statistics and the partial rows of dweight/dbias are not counted. % is of this device's measured
 copy bandwidth. ``llama_rms_norm`` is transformers' LlamaRMSNorm math (xhat rounded to x's dtype
 before the weight multiply; what the rms_norm hook swaps in for it): eager is that class's
-forward, written out. Run:
+forward, written out. ``liger`` is Liger-Kernel's Triton LayerNorm / RMSNorm (benchmark-only
+peer, never a dependency): measured where ``liger_kernel`` imports (``gpu_check.sh`` installs
+the wheels found in ``.whl/``, see ``benchmarks/fetch_peers.sh``), with the casting mode that
+matches each op (``rms_norm``: all fp32 ("gemma" with offset 0), ``llama_rms_norm``: "llama")
+and its default in-place backward. Run:
 ``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|llama_rms_norm|all]``.
 """
 
@@ -69,13 +73,30 @@ def fused(op: str, backend: str):
     return lambda x, w, b: fusedops.rms_norm(x, x.shape[-1], w, backend=backend)
 
 
+def liger(op: str):
+    """Liger-Kernel's autograd function for ``op``, or None where liger_kernel is missing."""
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
+        return None
+    if op == "layer_norm":
+        return lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, 1e-5)
+    if op == "llama_rms_norm":
+        return lambda x, w, b: LigerRMSNormFunction.apply(x, w, LLAMA_EPS, 0.0, "llama")
+    # fusedops.rms_norm / F.rms_norm with eps=None use finfo(x.dtype).eps
+    return lambda x, w, b: LigerRMSNormFunction.apply(x, w, torch.finfo(x.dtype).eps, 0.0, "gemma")
+
+
 def providers(op: str) -> dict:
-    return {
+    found = {
         "fusedops-cuda": fused(op, "cuda"),
         "fusedops-triton": fused(op, "triton"),
+        "liger": liger(op),
         "torch-eager": eager(op),
         "torch-compile": compiled(eager(op)),
     }
+    return {name: fn for name, fn in found.items() if fn is not None}
 
 
 def time_directions(fn, inputs) -> dict[str, float]:
@@ -119,6 +140,8 @@ def main() -> None:
     require_cuda("bench_layer_norm")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
+    if liger("layer_norm") is None:
+        print("liger_kernel not importable: no Liger rows (benchmarks/fetch_peers.sh)")
     ops = OPS if args.op == "all" else [args.op]
     rows = []
     for op in ops:

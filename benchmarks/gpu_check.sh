@@ -8,8 +8,9 @@
 # (default: env build info test bench-quick_gelu bench-adam). Each stage runs under a time
 # limit (SECONDS, default 300) so one slow stage cannot hide the results of the others. It uses
 # the machine's own python3 (torch, triton, jax preinstalled, no network) with this checkout
-# on PYTHONPATH; nothing is installed. WORKERS=N runs the tests on N pytest-xdist workers;
-# PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
+# on PYTHONPATH; nothing is installed but the benchmark-only peer wheels in .whl/ (Liger-Kernel,
+# from benchmarks/fetch_peers.sh), into /tmp/fusedops-peers. WORKERS=N runs the tests on N
+# pytest-xdist workers; PYTEST_ARGS replaces the test stage's target (default: tests); BENCH_ARGS go to bench stages.
 # overhead: host time per call of small ops (benchmarks/overhead.py). bench-xla: ViT-B/16
 # training step, eager vs partial_trace(xla) vs inductor (e.g. bench-xla:500 with
 # BENCH_ARGS="--rounds 1 --steps 10"; add --dtype bfloat16 for a bf16 model). bench-swin_ops:
@@ -26,6 +27,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY="${PYTHON:-python3}"
 failed=()
+# Benchmark-only peers (benchmarks/fetch_peers.sh): wheels carried in .whl/, installed without
+# their dependencies so the machine's torch/triton stay the ones measured.
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/fusedops-peers .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/fusedops-peers"
+fi
 
 stage() {
     case "$1" in

@@ -246,7 +246,7 @@ class JaxProgram:
 
     @staticmethod
     def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:
-        out = bridge.to_torch(array)
+        out = bridge.to_torch(array, on_cpu)
         meta = node.meta.get("val")
         if isinstance(meta, torch.Tensor) and meta.dtype == torch.complex32:
             out = out.to(torch.complex32)

@@ -84,7 +84,9 @@ def test_cpu_call_returns_cpu_tensors_computed_on_the_jax_cpu_device(monkeypatch
     program = _program(_affine, x, w.detach())
     seen = []
     to_torch = bridge.to_torch
-    monkeypatch.setattr(bridge, "to_torch", lambda a: seen.append(a.devices()) or to_torch(a))
+    monkeypatch.setattr(
+        bridge, "to_torch", lambda a, *rest: seen.append(a.devices()) or to_torch(a, *rest)
+    )
     outs = program([x, w])
     cpu = jax.devices("cpu")[0]
     assert bridge.call_device([x, w]) == cpu
@@ -110,7 +112,7 @@ def test_cpu_call_ignores_jax_default_device():
         x, w = torch.randn(4, 6), torch.nn.Parameter(torch.randn(6, 3))
         program = JaxProgram(make_fx(f)(x, w.detach()))
         seen, to_torch = [], bridge.to_torch
-        bridge.to_torch = lambda a: seen.append(a.devices()) or to_torch(a)
+        bridge.to_torch = lambda a, *rest: seen.append(a.devices()) or to_torch(a, *rest)
         with jax.default_device(cpu1):
             (out,) = program([x, w])
         assert seen == [{cpu0}], seen

@@ -64,5 +64,8 @@ def main(steps: int, batch: int, device: str) -> None:
         f"  fusedops swin hook   step {fused_ms:8.2f} ms  final loss {fused_loss:.6f}  "
         f"|diff| {abs(fused_loss - plain_loss):.2e}"
     )
-    for op in ("window_partition_roll", "window_reverse_roll", "swin_attention_softmax"):
+    # the hook's attention is window_attention where it takes the call, else the products
+    # around swin_attention_softmax (attention weights asked for, dropout, other sizes)
+    ops = ("window_partition_roll", "window_reverse_roll", "window_attention")
+    for op in (*ops, "swin_attention_softmax"):
         print(f"  {op:<24} ran on {dispatch.last_used.get(op, 'nothing (not called)')}")

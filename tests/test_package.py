@@ -1,5 +1,6 @@
 """Package-level promises: import cost, the CLI, the demo, the CUDA sources."""
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -55,7 +56,10 @@ def test_demo_prints_the_table():
     for needle in (*needles, "bias_dropout_add"):
         assert needle in done.stdout
     # the Swin stage: transformers' Swin trained with the swin hook, its fused ops recorded
+    # (the attention as window_attention: no weights asked for, window 4, head dim 16)
     assert "fusedops swin hook" in done.stdout and "swin_attention_softmax   ran on" in done.stdout
+    for op in ("window_partition_roll", "window_reverse_roll", "window_attention"):
+        assert re.search(rf"{op} +ran on (reference|triton|cuda)", done.stdout), op
 
 
 def _cuda_include_dir() -> str | None:

@@ -221,10 +221,8 @@ def to_torch(a, on_cpu: bool | None = None) -> torch.Tensor:
         return torch.from_numpy(a)
     cpu = _on_cpu(a) if on_cpu is None else on_cpu
     if cpu and a.dtype in _NUMPY_CROSSING:
-        if not _quiet:
-            with quiet_crossings():
-                return torch.from_numpy(np.asarray(a))
-        return torch.from_numpy(np.asarray(a))
+        with contextlib.nullcontext() if _quiet else quiet_crossings():
+            return torch.from_numpy(np.asarray(a))
     if a.dtype == jnp.bool_ and not cpu:
         try:
             return torch.from_dlpack(a)

@@ -117,9 +117,15 @@ class JaxProgram:
         for o in self.outputs:
             if not isinstance(o, torch.fx.Node) or o.op == "placeholder" or o in self._computed:
                 continue
-            chain = _view_chain(o) if views_in_torch else None
-            if chain is not None:
-                self._views[o] = chain
+            found = _view_chain(o) if views_in_torch else None
+            if found is not None:
+                source, chain = found
+                # reshape where the graph says view: the same values, and a copy instead of an
+                # error should an input come with other strides than the traced ones
+                self._views[o] = (
+                    source,
+                    [(_RESHAPE.get(v.target, v.target), v.args[1:], v.kwargs) for v in chain],
+                )
             else:
                 self._computed.append(o)
         self._returns_inputs = bool(self._views) or any(
@@ -179,13 +185,13 @@ class JaxProgram:
         seed = rng.next_seed() if self.random_ops else None
         if seed is not None and not on_cpu:
             seed = jax.device_put(seed, device)
-        # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
-        # whole program on ``device``, not on JAX's default backend
         # permuted inputs (a saved weight.t()) cross as their dense base, transposed back in
         # the program, where XLA folds the transpose into its users: no copy
         layout = tuple(bridge.contiguous_order(a) for a in args)
         crossing = [a.permute(p) if p else a for a, p in zip(args, layout)]
         key = (device, layout if any(layout) else None)
+        # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
+        # whole program on ``device``, not on JAX's default backend
         with jax.enable_x64(True), jax.default_device(device):
             jax_args = (seed, *[bridge.to_jax(a, device) for a in crossing])
             function = self._functions.get(key)
@@ -202,11 +208,8 @@ class JaxProgram:
         inputs = dict(zip(self.placeholders, args)) if self._returns_inputs else {}
         for node, (source, chain) in self._views.items():
             value = inputs[source]
-            for view in chain:
-                # reshape where the graph says view: the same values, and a copy instead of an
-                # error should an input come with other strides than the traced ones
-                op = _RESHAPE.get(view.target, view.target)
-                value = op(value, *view.args[1:], **view.kwargs)
+            for op, args_after, kwargs in chain:
+                value = op(value, *args_after, **kwargs)
             converted[node] = value
         outs = []
         for o in self.outputs:

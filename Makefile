@@ -3,7 +3,7 @@
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= test,xla
+EXTRAS     ?= test,xla,bench
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fusedops-installed
 PYTEST_ARGS ?=

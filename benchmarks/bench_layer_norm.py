@@ -1,6 +1,7 @@
-"""LayerNorm and RMSNorm: fusedops (cuda, triton) vs torch eager vs torch.compile.
+"""LayerNorm and RMSNorm: fusedops (cuda, triton) vs Liger vs torch eager vs torch.compile.
 
-M = 4096 rows, N in {512 ... 65536}, fp32 and bf16 (weight and bias in the input dtype).
+M = 4096 rows, N in {512 ... 65536}, fp32 and bf16 (weight and bias in the input dtype), and the
+LLM-shaped rows M = 16384, N in {2048, 4096, 8192} in bf16.
 GB/s counts the bytes the op must move: forward reads x and writes y (2 passes of M*N), backward
 reads dy and x and writes dx (3 passes); "both" is forward then backward (5 passes). Parameters,
 statistics and the partial rows of dweight/dbias are not counted. % is of this device's measured
@@ -32,8 +33,11 @@ from common import (
 )
 
 M = 4096
-SIZES = [512, 768, 1024, 2048, 4096, 8192, 16384, 65536]
+SIZES = [512, 768, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 DTYPES = [torch.float32, torch.bfloat16]
+#: Rows of LLM training (tokens of a batch x hidden size), bf16 only.
+LLM_M = 16384
+LLM_SIZES = [2048, 4096, 8192]
 PASSES = {"fwd": 2, "bwd": 3, "fwd+bwd": 5}
 OPS = ["layer_norm", "rms_norm", "llama_rms_norm"]
 LLAMA_EPS = 1e-6
@@ -121,15 +125,21 @@ def time_directions(fn, inputs) -> dict[str, float]:
     }
 
 
-def make_inputs(n: int, dtype: torch.dtype):
+def shapes(dtype: torch.dtype) -> list[tuple[int, int]]:
+    """(M, N) of the sweep for ``dtype``: M = 4096 over SIZES, then the LLM rows in bf16."""
+    llm = [(LLM_M, n) for n in LLM_SIZES] if dtype == torch.bfloat16 else []
+    return [(M, n) for n in SIZES] + llm
+
+
+def make_inputs(m: int, n: int, dtype: torch.dtype):
     def make():
-        x = torch.randn(M, n, device="cuda", dtype=dtype, requires_grad=True)
+        x = torch.randn(m, n, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
         b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
-        dy = torch.randn(M, n, device="cuda", dtype=dtype)
+        dy = torch.randn(m, n, device="cuda", dtype=dtype)
         return x, w, b, dy
 
-    size = M * n * torch.finfo(dtype).bits // 8
+    size = m * n * torch.finfo(dtype).bits // 8
     return rotating(make, 2 * size), size
 
 
@@ -146,14 +156,15 @@ def main() -> None:
     rows = []
     for op in ops:
         for dtype in DTYPES:
-            for n in SIZES:
-                inputs, size = make_inputs(n, dtype)
+            for m, n in shapes(dtype):
+                inputs, size = make_inputs(m, n, dtype)
                 measured = []
                 for name, fn in providers(op).items():
                     try:
                         times = time_directions(fn, inputs)
                     except Exception as exc:  # a provider that cannot run is reported, not fatal
-                        print(f"{op} {name} {dtype} N={n}: skipped ({type(exc).__name__}: {exc})")
+                        why = f"{type(exc).__name__}: {exc}"
+                        print(f"{op} {name} {dtype} M={m} N={n}: skipped ({why})")
                         continue
                     for direction, ms in times.items():
                         measured.append(
@@ -161,7 +172,7 @@ def main() -> None:
                                 "op": op,
                                 "provider": name,
                                 "dtype": str(dtype).removeprefix("torch."),
-                                "M": M,
+                                "M": m,
                                 "N": n,
                                 "direction": direction,
                                 **timing_fields(ms, PASSES[direction] * size, copy_bw),

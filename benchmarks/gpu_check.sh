@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_check.sh [STAGE[:SECONDS] ...]
 #
 # Stages: env build info test demo overhead bench-<op> (benchmarks/bench_<op>.py) tune-layer_norm
+# ncu-layer_norm (Nsight Compute counters per kernel: DRAM passes, occupancy, registers, L2 hits)
 # (default: env build info test bench-quick_gelu bench-adam). Each stage runs under a time
 # limit (SECONDS, default 300) so one slow stage cannot hide the results of the others. It uses
 # the machine's own python3 (torch, triton, jax preinstalled, no network) with this checkout
@@ -46,6 +47,7 @@ torch.version.cuda, '| triton', triton.__version__, '| jax', jax.__version__, ja
     bench-*) "$PY" "benchmarks/bench_${1#bench-}.py" ${BENCH_ARGS:-} ;;
     overhead) "$PY" benchmarks/overhead.py ;;
     tune-*) "$PY" "benchmarks/tune_${1#tune-}.py" ;;
+    ncu-*) "$PY" "benchmarks/ncu_${1#ncu-}.py" ;;
     *) echo "unknown stage $1" && return 2 ;;
     esac
 }

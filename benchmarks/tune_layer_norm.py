@@ -19,7 +19,7 @@ from common import (
 )
 
 M = 4096
-SIZES = [1024, 4096, 8192, 16384, 32768, 65536]
+SIZES = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 DTYPES = [torch.float32, torch.bfloat16]
 #: (name, MAX_FUSED_N_FORWARD): register path up to the limit (warps: see _register_tile). The
 #: CSV of 2026-11-22 was taken when MAX_WARPS also capped wide rows: its "regs,w16" /
@@ -27,6 +27,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 FORWARD_VARIANTS = [("loop>8192", 8192), ("regs<=32768", 32768), ("regs<=65536", 65536)]
 #: (name, MAX_FUSED_N, BACKWARD_WARPS_8192)
 BACKWARD_VARIANTS = [("regs<=8192,w8@8192", 8192, 8), ("regs<=8192,w16@8192", 8192, 16)]
+#: (name, VECTOR_ACCESS) of the CUDA kernels: one element per access, or 16 bytes (register path).
+CUDA_VARIANTS = [("cuda", False), ("cuda vec16", True)]
 
 
 def main() -> None:
@@ -56,6 +58,7 @@ def main() -> None:
         )
 
     defaults = (kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192)
+    cuda_defaults = cuda_kernels.VECTOR_ACCESS
     for dtype in DTYPES:
         for n in SIZES:
             x = torch.randn(M, n, device="cuda", dtype=dtype)
@@ -78,10 +81,13 @@ def main() -> None:
                 except Exception as exc:
                     print(f"bwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
             kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192 = defaults
-            ms = median_ms(lambda: cuda_kernels.layer_norm_forward(x, w, b, 1e-5))
-            record("cuda", dtype, n, "fwd", ms, 2)
-            ms = median_ms(lambda: cuda_kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
-            record("cuda", dtype, n, "bwd", ms, 3)
+            for name, vector_access in CUDA_VARIANTS:
+                cuda_kernels.VECTOR_ACCESS = vector_access
+                ms = median_ms(lambda: cuda_kernels.layer_norm_forward(x, w, b, 1e-5))
+                record(name, dtype, n, "fwd", ms, 2)
+                ms = median_ms(lambda: cuda_kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
+                record(name, dtype, n, "bwd", ms, 3)
+            cuda_kernels.VECTOR_ACCESS = cuda_defaults
             torch.cuda.empty_cache()
     print_rows(rows)
     print(f"appended to {append_rows(rows)}")

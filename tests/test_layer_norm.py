@@ -205,6 +205,43 @@ def test_looped_path_matches_float64(monkeypatch, op, affine, n, dtype, backend)
     _case(op, (5,), (n,), dtype, affine, backend)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [8, 24, 64, 96, 1000, 1024, 2048, 4096, 8192])
+@pytest.mark.parametrize("affine", ["both", "none"])
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_vector_access_matches_float64(monkeypatch, op, affine, n, dtype):
+    """The CUDA register path with 16-byte accesses (VECTOR_ACCESS), through the C++ autograd
+    op: warp rows and block rows, N a multiple of the vector width or not (1000 with 16-bit
+    types falls back to one element per access)."""
+    from fusedops.kernels.cuda import layer_norm as kernels
+
+    monkeypatch.setattr(kernels, "VECTOR_ACCESS", True)
+    _case(op, (37,), (n,), dtype, affine, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_vector_access_falls_back_where_rows_do_not_allow_it(monkeypatch, op):
+    """Rows not 16-byte aligned (a view one element into its storage) and fp32 parameters
+    beside bf16 x: the same results as float64 (a vector access there would fault)."""
+    from fusedops.kernels.cuda import layer_norm as kernels
+
+    monkeypatch.setattr(kernels, "VECTOR_ACCESS", True)
+    _case(op, (9,), (256,), torch.bfloat16, "both", "cuda", weight_dtype=torch.float32)
+    rows, n = 5, 64
+    storage = random_tensor((rows * n + 1,), torch.bfloat16, DEVICE).requires_grad_()
+    x = storage[1:].view(rows, n)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    weight, bias = _params(op, (n,), torch.bfloat16, "both")
+    grad = random_tensor((rows, n), torch.bfloat16, DEVICE)
+    y = _call(op, x, (n,), weight, bias, "cuda")
+    y.backward(grad)
+    y_ref, dx_ref, *_ = _oracle(op, x, (n,), weight, bias, grad)
+    assert_close(y, y_ref, msg="forward")
+    assert_close(storage.grad[1:].view(rows, n), dx_ref, msg="dx")
+
+
 def _spy_forward_loop(monkeypatch) -> list:
     """Record the grids the Triton forward's looped kernel is launched with."""
     from fusedops.kernels.triton import layer_norm as kernels

@@ -140,10 +140,13 @@ int64_t backward_partial_rows(const at::Tensor& x) {
 }
 
 // RMSNorm variants (launchers.h, NormVariant): y / dy in x's dtype or float32 (`out_type`), xhat
-// rounded to xhat_dtype (absent or float32: not rounded; float16, bfloat16).
+// rounded to xhat_dtype (absent or float32: not rounded; float16, bfloat16); vector_access:
+// 16-byte accesses in the register path where the rows allow them.
 fusedops::NormVariant norm_variant(const at::Tensor& x, at::ScalarType out_type, bool rms,
-                                   const std::optional<at::ScalarType>& xhat_dtype) {
+                                   const std::optional<at::ScalarType>& xhat_dtype,
+                                   bool vector_access) {
   fusedops::NormVariant variant;
+  variant.vector_access = vector_access;
   TORCH_CHECK_TYPE(out_type == x.scalar_type() || out_type == at::kFloat,
                    "y and dy must have x's dtype ", x.scalar_type(), " or float32, got ", out_type);
   variant.out_fp32 = out_type != x.scalar_type();
@@ -161,14 +164,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(
     const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, double eps, bool rms, int64_t max_register_cols,
     bool poison, std::optional<at::ScalarType> out_dtype = std::nullopt,
-    std::optional<at::ScalarType> xhat_dtype = std::nullopt) {
+    std::optional<at::ScalarType> xhat_dtype = std::nullopt, bool vector_access = false) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
   check_input(x, "x", x);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const DType param_dtype = param_dtype_of(weight, bias, x);
   const at::ScalarType out_type = out_dtype.value_or(x.scalar_type());
-  const fusedops::NormVariant variant = norm_variant(x, out_type, rms, xhat_dtype);
+  const fusedops::NormVariant variant = norm_variant(x, out_type, rms, xhat_dtype, vector_access);
   const at::TensorOptions stats = x.options().dtype(at::kFloat);
   at::Tensor y = new_output(x.sizes(), x.options().dtype(out_type), poison);
   at::Tensor mean = new_output({rms ? 0 : rows}, stats, poison);
@@ -188,12 +191,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     const at::Tensor& dy, const at::Tensor& x, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& mean,
     const at::Tensor& rstd, bool rms, int64_t max_register_cols, bool poison,
-    std::optional<at::ScalarType> xhat_dtype = std::nullopt) {
+    std::optional<at::ScalarType> xhat_dtype = std::nullopt, bool vector_access = false) {
   TORCH_CHECK(x.dim() == 2, "x must be 2-D (rows, cols), got ", x.dim(), " dims");
   check_input(x, "x", x);
   // dy has y's dtype: x's, or float32 for an RMSNorm variant
   check_input(dy, "dy", x, dy.scalar_type() == at::kFloat ? at::kFloat : x.scalar_type());
-  const fusedops::NormVariant variant = norm_variant(x, dy.scalar_type(), rms, xhat_dtype);
+  const fusedops::NormVariant variant =
+      norm_variant(x, dy.scalar_type(), rms, xhat_dtype, vector_access);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   TORCH_CHECK(rms || mean.has_value(), "mean is required for layer_norm");
@@ -257,15 +261,18 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const std::optional<at::Tensor>& weight,
                             const std::optional<at::Tensor>& bias, int64_t n, double eps,
-                            bool rms, int64_t max_register_cols, bool poison) {
+                            bool rms, int64_t max_register_cols, bool poison,
+                            bool vector_access) {
     const at::Tensor rows = norm_rows(x, n);
     const std::optional<at::Tensor> w = norm_param(weight, n);
     const std::optional<at::Tensor> b = norm_param(bias, n);
-    auto [y, mean, rstd] = layer_norm_forward(rows, w, b, eps, rms, max_register_cols, poison);
+    auto [y, mean, rstd] = layer_norm_forward(rows, w, b, eps, rms, max_register_cols, poison,
+                                              std::nullopt, std::nullopt, vector_access);
     ctx->save_for_backward({rows, w.value_or(at::Tensor()), b.value_or(at::Tensor()), mean, rstd});
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["max_register_cols"] = max_register_cols;
     ctx->saved_data["poison"] = poison;
+    ctx->saved_data["vector_access"] = vector_access;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     ctx->saved_data["weight_sizes"] = weight.has_value() ? weight->sizes().vec() : std::vector<int64_t>{};
     ctx->saved_data["bias_sizes"] = bias.has_value() ? bias->sizes().vec() : std::vector<int64_t>{};
@@ -290,13 +297,14 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
     auto [dx, dweight, dbias] = layer_norm_backward(
         dy, rows, defined_or_none(saved[1]), defined_or_none(saved[2]),
         rms ? std::nullopt : defined_or_none(saved[3]), saved[4], rms,
-        ctx->saved_data["max_register_cols"].toInt(), ctx->saved_data["poison"].toBool());
+        ctx->saved_data["max_register_cols"].toInt(), ctx->saved_data["poison"].toBool(),
+        std::nullopt, ctx->saved_data["vector_access"].toBool());
     const auto reshaped = [&](const at::Tensor& grad, const char* key) {
       return grad.defined() ? grad.view(ctx->saved_data[key].toIntVector()) : at::Tensor();
     };
     return {dx.view(ctx->saved_data["x_sizes"].toIntVector()), reshaped(dweight, "weight_sizes"),
             reshaped(dbias, "bias_sizes"), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
  private:
@@ -314,8 +322,9 @@ class NormFunction : public torch::autograd::Function<NormFunction> {
 #endif
 at::Tensor norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                          const std::optional<at::Tensor>& bias, int64_t n, double eps, bool rms,
-                         int64_t max_register_cols, bool poison) {
-  return NormFunction::apply(x, weight, bias, n, eps, rms, max_register_cols, poison);
+                         int64_t max_register_cols, bool poison, bool vector_access) {
+  return NormFunction::apply(x, weight, bias, n, eps, rms, max_register_cols, poison,
+                             vector_access);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -324,10 +333,11 @@ at::Tensor norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& w
 // The CUDA kernel of norm: below autograd (inference mode, or called under no autograd key).
 at::Tensor norm_forward_only(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                              const std::optional<at::Tensor>& bias, int64_t n, double eps,
-                             bool rms, int64_t max_register_cols, bool poison) {
+                             bool rms, int64_t max_register_cols, bool poison,
+                             bool vector_access) {
   auto [y, mean, rstd] = layer_norm_forward(norm_rows(x, n), norm_param(weight, n),
                                             norm_param(bias, n), eps, rms, max_register_cols,
-                                            poison);
+                                            poison, std::nullopt, std::nullopt, vector_access);
   return at::_unsafe_view(y, x.sizes());
 }
 
@@ -736,14 +746,14 @@ TORCH_LIBRARY(fusedops_cuda, m) {
   m.def(
       "layer_norm_forward(Tensor x, Tensor? weight, Tensor? bias, float eps, bool rms, "
       "int max_register_cols, bool poison, ScalarType? out_dtype=None, "
-      "ScalarType? xhat_dtype=None) -> (Tensor, Tensor, Tensor)");
+      "ScalarType? xhat_dtype=None, bool vector_access=False) -> (Tensor, Tensor, Tensor)");
   m.def(
       "layer_norm_backward(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor? mean, "
       "Tensor rstd, bool rms, int max_register_cols, bool poison, "
-      "ScalarType? xhat_dtype=None) -> (Tensor, Tensor, Tensor)");
+      "ScalarType? xhat_dtype=None, bool vector_access=False) -> (Tensor, Tensor, Tensor)");
   m.def(
       "norm(Tensor x, Tensor? weight, Tensor? bias, int n, float eps, bool rms, "
-      "int max_register_cols, bool poison) -> Tensor");
+      "int max_register_cols, bool poison, bool vector_access=False) -> Tensor");
   m.def(
       "adam_step(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, "
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] masters, "

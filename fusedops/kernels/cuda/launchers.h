@@ -21,6 +21,8 @@ cudaError_t quick_gelu_backward(const void* grad, const void* x, void* dx, int64
 struct NormVariant {
   bool out_fp32 = false;
   DType xhat_dtype = DType::kFloat32;
+  // Register path: 16-byte loads and stores where rows allow them (layer_norm.cu, vector_width).
+  bool vector_access = false;
 };
 
 // LayerNorm / RMSNorm (rms) over rows of `cols` elements; x, y, dy, dx contiguous (rows, cols)

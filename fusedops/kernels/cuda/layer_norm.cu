@@ -7,7 +7,11 @@
 //
 // Register path (cols <= min(max_register_cols, kMaxRegisterCols)): a row is held in registers,
 //   kVpt values per thread; a warp per row (8 rows per block) for cols <= 1024, otherwise the
-//   whole 256-thread block per row. Mean and variance in two passes over registers.
+//   whole 256-thread block per row. Mean and variance in two passes over registers. Values are
+//   read and written kVec at a time: thread t holds elements (k * row threads + t) * kVec + e.
+//   kVec = 1 (one element per access), or with variant.vector_access 16 bytes per access
+//   (kVec = 16 / sizeof(T)) where cols % kVec == 0, the row tensors are 16-byte aligned and y /
+//   dy have x's dtype (vector_width); the register path's row layout is otherwise the same.
 // Looped path: a block per row; pass 1 accumulates shifted sums (shift = the row's first element),
 //   pass 2 normalises.
 // Backward: dx = (g - (xhat * c1 + c2)) * rstd, g = dy * w, c1 = mean(xhat * g), c2 = mean(g)
@@ -22,6 +26,7 @@
 //   per row, then backward_columns_kernel (grid: column chunks x row groups) writes dx and the
 //   partial rows.
 #include <cstdint>
+#include <initializer_list>
 
 #include "device.cuh"
 
@@ -86,17 +91,77 @@ __device__ __forceinline__ float load_dy(const void* dy, int64_t i, bool out_fp3
   return out_fp32 ? static_cast<const float*>(dy)[i] : to_float(static_cast<const T*>(dy)[i]);
 }
 
+// kVec elements of T in one access (16 bytes for kVec = 16 / sizeof(T)).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Packed {
+  T v[kVec];
+};
+
+// Elements j0 .. j0 + kVec - 1 of `row` as floats, 0 past the row's end. With kVec > 1 the
+// launcher guarantees cols % kVec == 0 and 16-byte alignment: a vector is all in or all out.
+template <int kVec, typename T>
+__device__ __forceinline__ void load_values(const T* row, int j0, int cols, float* out) {
+  if (j0 >= cols) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = 0.0f;
+  } else if constexpr (kVec == 1) {
+    out[0] = to_float(row[j0]);
+  } else {
+    const Packed<T, kVec> packed = *reinterpret_cast<const Packed<T, kVec>*>(row + j0);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = to_float(packed.v[e]);
+  }
+}
+
+// Stores elements j0 .. j0 + kVec - 1 of `row` (nothing past the row's end).
+template <int kVec, typename T>
+__device__ __forceinline__ void store_values(T* row, int j0, int cols, const float* in) {
+  if (j0 >= cols) return;
+  if constexpr (kVec == 1) {
+    row[j0] = from_float<T>(in[0]);
+  } else {
+    Packed<T, kVec> packed;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) packed.v[e] = from_float<T>(in[e]);
+    *reinterpret_cast<Packed<T, kVec>*>(row + j0) = packed;
+  }
+}
+
+// y (forward output) / dy (backward input) rows: x's type T, or float when out_fp32 (kVec == 1
+// only; vector_width never picks a vector for an fp32 y/dy beside a narrower x).
+template <int kVec, typename T>
+__device__ __forceinline__ void load_dy_values(const void* dy, int64_t row_start, int j0,
+                                               int cols, bool out_fp32, float* out) {
+  if (kVec == 1 && out_fp32) {
+    out[0] = j0 < cols ? static_cast<const float*>(dy)[row_start + j0] : 0.0f;
+  } else {
+    load_values<kVec>(static_cast<const T*>(dy) + row_start, j0, cols, out);
+  }
+}
+
+template <int kVec, typename T>
+__device__ __forceinline__ void store_y_values(void* y, int64_t row_start, int j0, int cols,
+                                               bool out_fp32, const float* in) {
+  if (kVec == 1 && out_fp32) {
+    if (j0 < cols) static_cast<float*>(y)[row_start + j0] = in[0];
+  } else {
+    store_values<kVec>(static_cast<T*>(y) + row_start, j0, cols, in);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-template <typename T, typename W, int kRowWarps, int kVpt>
+template <typename T, typename W, int kRowWarps, int kVpt, int kVec>
 __global__ void __launch_bounds__(kThreads)
     forward_register_kernel(const T* __restrict__ x, const W* __restrict__ weight,
                             const W* __restrict__ bias, void* __restrict__ y,
                             float* __restrict__ mean_out, float* __restrict__ rstd_out,
                             int64_t rows, int cols, float eps, bool rms, NormVariant variant) {
+  static_assert(kVpt % kVec == 0, "a thread holds whole vectors");
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
+  constexpr int kVectors = kVpt / kVec;
   __shared__ float shared[kWarpsPerBlock];
   const int slot = threadIdx.x / kRowThreads;
   const int t = threadIdx.x % kRowThreads;
@@ -107,19 +172,22 @@ __global__ void __launch_bounds__(kThreads)
     float v[kVpt];
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      v[i] = j < cols ? to_float(x_row[j]) : 0.0f;
-      sum += v[i];
+    for (int k = 0; k < kVectors; ++k) {
+      load_values<kVec>(x_row, (k * kRowThreads + t) * kVec, cols, v + k * kVec);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum += v[k * kVec + e];
     }
     float mean = 0.0f;
     if (!rms) mean = row_sum<kRowWarps>(sum, shared) / cols;
     float squares = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      v[i] = j < cols ? v[i] - mean : 0.0f;
-      squares += v[i] * v[i];
+    for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int i = k * kVec + e;
+        v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
+        squares += v[i] * v[i];
+      }
     }
     const float var = row_sum<kRowWarps>(squares, shared) / cols;
     const float rstd = 1.0f / sqrtf(var + eps);
@@ -128,14 +196,17 @@ __global__ void __launch_bounds__(kThreads)
       rstd_out[row] = rstd;
     }
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      if (j < cols) {
-        float out = round_xhat(v[i] * rstd, variant.xhat_dtype);
-        if (weight != nullptr) out *= to_float(weight[j]);
-        if (bias != nullptr) out += to_float(bias[j]);
-        store_y<T>(y, row * cols + j, out, variant.out_fp32);
+    for (int k = 0; k < kVectors; ++k) {
+      const int j0 = (k * kRowThreads + t) * kVec;
+      if (j0 >= cols) continue;
+      float out[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        out[e] = round_xhat(v[k * kVec + e] * rstd, variant.xhat_dtype);
+        if (weight != nullptr) out[e] *= to_float(weight[j0 + e]);
+        if (bias != nullptr) out[e] += to_float(bias[j0 + e]);
       }
+      store_y_values<kVec, T>(y, row * cols, j0, cols, variant.out_fp32, out);
     }
   }
 }
@@ -180,23 +251,33 @@ __global__ void __launch_bounds__(kThreads)
 
 // Writes partial[blockIdx.x, :] = the sum of the block's row slots' accumulators, slot by slot
 // in order (through shared memory when the block holds several rows). Every thread calls it.
-template <int kRowWarps, int kVpt>
+// acc[k * kVec + e] is column (k * row threads + t) * kVec + e.
+template <int kRowWarps, int kVpt, int kVec>
 __device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* partial,
                                               float* slot_partial, int slot, int t, int cols) {
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kRowValues = kRowThreads * kVpt;
+  constexpr int kVectors = kVpt / kVec;
   float* partial_row = partial + static_cast<int64_t>(blockIdx.x) * cols;
   if constexpr (kRowsPerBlock == 1) {
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      if (j < cols) partial_row[j] = acc[i];
+    for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int j = (k * kRowThreads + t) * kVec + e;
+        if (j < cols) partial_row[j] = acc[k * kVec + e];
+      }
     }
   } else {
     __syncthreads();  // slot_partial is free (an earlier call is done reading it)
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) slot_partial[slot * kRowValues + i * kRowThreads + t] = acc[i];
+    for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        slot_partial[slot * kRowValues + (k * kRowThreads + t) * kVec + e] = acc[k * kVec + e];
+      }
+    }
     __syncthreads();
     for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
       float total = 0.0f;
@@ -207,16 +288,18 @@ __device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* p
   }
 }
 
-template <typename T, typename W, int kRowWarps, int kVpt>
+template <typename T, typename W, int kRowWarps, int kVpt, int kVec>
 __global__ void __launch_bounds__(kThreads)
     backward_register_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                              const W* __restrict__ weight, const float* __restrict__ mean,
                              const float* __restrict__ rstd, T* __restrict__ dx,
                              float* __restrict__ dw_partial, float* __restrict__ db_partial,
                              int64_t rows, int cols, bool rms, NormVariant variant) {
+  static_assert(kVpt % kVec == 0, "a thread holds whole vectors");
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kRowValues = kRowThreads * kVpt;
+  constexpr int kVectors = kVpt / kVec;
   __shared__ float shared[kWarpsPerBlock];
   // Per-slot partial rows of a block, added in slot order (only when a block holds several rows).
   __shared__ float slot_partial[kRowsPerBlock > 1 ? kRowsPerBlock * kRowValues : 1];
@@ -240,35 +323,47 @@ __global__ void __launch_bounds__(kThreads)
     float s1 = 0.0f;
     float s2 = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      xhat[i] = 0.0f;
-      g[i] = 0.0f;
-      if (j < cols) {
-        const float d = load_dy<T>(dy, row * cols + j, variant.out_fp32);
-        xhat[i] = (to_float(x_row[j]) - mu) * rs;
-        g[i] = weight != nullptr ? d * to_float(weight[j]) : d;
-        dw_acc[i] += d * round_xhat(xhat[i], variant.xhat_dtype);
-        db_acc[i] += d;
+    for (int k = 0; k < kVectors; ++k) {
+      const int j0 = (k * kRowThreads + t) * kVec;
+      float xv[kVec];
+      float d[kVec];
+      load_values<kVec>(x_row, j0, cols, xv);
+      load_dy_values<kVec, T>(dy, row * cols, j0, cols, variant.out_fp32, d);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int i = k * kVec + e;
+        xhat[i] = 0.0f;
+        g[i] = 0.0f;
+        if (j0 + e < cols) {
+          xhat[i] = (xv[e] - mu) * rs;
+          g[i] = weight != nullptr ? d[e] * to_float(weight[j0 + e]) : d[e];
+          dw_acc[i] += d[e] * round_xhat(xhat[i], variant.xhat_dtype);
+          db_acc[i] += d[e];
+        }
+        s1 += xhat[i] * g[i];
+        s2 += g[i];
       }
-      s1 += xhat[i] * g[i];
-      s2 += g[i];
     }
     const float c1 = row_sum<kRowWarps>(s1, shared) / cols;
     const float c2 = rms ? 0.0f : row_sum<kRowWarps>(s2, shared) / cols;
     T* dx_row = dx + row * cols;
 #pragma unroll
-    for (int i = 0; i < kVpt; ++i) {
-      const int j = i * kRowThreads + t;
-      if (j < cols) dx_row[j] = from_float<T>((g[i] - (xhat[i] * c1 + c2)) * rs);
+    for (int k = 0; k < kVectors; ++k) {
+      float out[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int i = k * kVec + e;
+        out[e] = (g[i] - (xhat[i] * c1 + c2)) * rs;
+      }
+      store_values<kVec>(dx_row, (k * kRowThreads + t) * kVec, cols, out);
     }
   }
   // One partial row per block: partial[blockIdx.x, :].
   if (dw_partial != nullptr) {  // uniform across the block
-    write_partial<kRowWarps, kVpt>(dw_acc, dw_partial, slot_partial, slot, t, cols);
+    write_partial<kRowWarps, kVpt, kVec>(dw_acc, dw_partial, slot_partial, slot, t, cols);
   }
   if (db_partial != nullptr) {
-    write_partial<kRowWarps, kVpt>(db_acc, db_partial, slot_partial, slot, t, cols);
+    write_partial<kRowWarps, kVpt, kVec>(db_acc, db_partial, slot_partial, slot, t, cols);
   }
 }
 
@@ -386,6 +481,31 @@ int values_per_thread(int64_t cols, int row_threads) {
     }                                                                                 \
   } while (0)
 
+// Runs BODY with constexpr kVec bound: 1, or 16 / sizeof(T) when VEC is not 1 (vector_width).
+#define FUSEDOPS_LN_VECTOR_DISPATCH(T, VEC, ...)                 \
+  do {                                                          \
+    if ((VEC) == 1) {                                           \
+      constexpr int kVec = 1;                                   \
+      __VA_ARGS__;                                              \
+    } else {                                                    \
+      constexpr int kVec = 16 / static_cast<int>(sizeof(T));    \
+      __VA_ARGS__;                                              \
+    }                                                           \
+  } while (0)
+
+// Elements per access of the register path: 16 / sizeof(T) with variant.vector_access where
+// every row starts 16-byte aligned (cols % that == 0, aligned base pointers) and y / dy have x's
+// dtype (not out_fp32); else 1.
+template <typename T>
+int vector_width(const NormVariant& variant, int cols, std::initializer_list<const void*> rows) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  if (!variant.vector_access || variant.out_fp32 || cols % kVec != 0) return 1;
+  for (const void* p : rows) {
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 1;
+  }
+  return kVec;
+}
+
 unsigned int row_blocks(int64_t rows, int rows_per_block) {
   return grid_blocks(rows, rows_per_block);
 }
@@ -398,11 +518,13 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
   const W* tw = static_cast<const W*>(weight);
   const W* tb = static_cast<const W*>(bias);
   if (use_register_path(cols, max_register_cols)) {
-    FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
+    const int vec = vector_width<T>(variant, cols, {x, y});
+    FUSEDOPS_LN_REGISTER_DISPATCH(cols, FUSEDOPS_LN_VECTOR_DISPATCH(T, vec, {
+      constexpr int kValues = kVpt < kVec ? kVec : kVpt;
       const unsigned int blocks = row_blocks(rows, kWarpsPerBlock / kRowWarps);
-      forward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+      forward_register_kernel<T, W, kRowWarps, kValues, kVec><<<blocks, kThreads, 0, stream>>>(
           tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
-    });
+    }));
   } else {
     forward_loop_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
         tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
@@ -423,10 +545,12 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
   const unsigned int column_blocks =
       static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
   if (use_register_path(cols, max_register_cols)) {
-    FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
-      backward_register_kernel<T, W, kRowWarps, kVpt><<<blocks, kThreads, 0, stream>>>(
+    const int vec = vector_width<T>(variant, cols, {dy, x, dx});
+    FUSEDOPS_LN_REGISTER_DISPATCH(cols, FUSEDOPS_LN_VECTOR_DISPATCH(T, vec, {
+      constexpr int kValues = kVpt < kVec ? kVec : kVpt;
+      backward_register_kernel<T, W, kRowWarps, kValues, kVec><<<blocks, kThreads, 0, stream>>>(
           dy, tx, tw, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms, variant);
-    });
+    }));
   } else {
     row_coeffs_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
         dy, tx, tw, mean, rstd, coeffs, rows, cols, rms, variant);

@@ -19,6 +19,13 @@ from fusedops.kernels.cuda.build import library
 #: Rows up to this length (and at most 8192) are held in registers; longer rows take the looped
 #: path. Read at every call, so tests can force the looped path with small rows.
 MAX_REGISTER_N = 8192
+#: Register-path rows read and written 16 bytes at a time (4 fp32 / 8 fp16 or bf16 elements)
+#: where N is a multiple of that, the row tensors are 16-byte aligned and y / dy have x's dtype;
+#: else one element per access. Read at every call. Off by default until an H100 run of
+#: ``benchmarks/tune_layer_norm.py`` (rows "cuda vec16") and the gpu tests of
+#: tests/test_layer_norm.py (``cuda_vector_access``) have checked it: written 2026-11-24
+#: without a GPU (compiled, never run).
+VECTOR_ACCESS = False
 
 
 def takes_params(x, weight, bias) -> bool:
@@ -41,7 +48,9 @@ def norm_with_autograd(x, weight, bias, n: int, eps: float, rms: bool):
     as one call into the extension whose autograd is in C++ (no Python in the backward): x any
     shape (CUDA fp16/bf16/fp32), weight/bias n elements as ``takes_params`` allows. Returns y
     in x's shape and dtype."""
-    return library().norm(x, weight, bias, n, eps, rms, MAX_REGISTER_N, _alloc.poisoning())
+    return library().norm(
+        x, weight, bias, n, eps, rms, MAX_REGISTER_N, _alloc.poisoning(), VECTOR_ACCESS
+    )
 
 
 def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=None):
@@ -49,7 +58,16 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=
     out_dtype = out_dtype or x.dtype
     kernel_out = out_dtype if out_dtype in (x.dtype, torch.float32) else torch.float32
     y, mean, rstd = library().layer_norm_forward(
-        x, weight, bias, eps, rms, MAX_REGISTER_N, _alloc.poisoning(), kernel_out, xhat_dtype
+        x,
+        weight,
+        bias,
+        eps,
+        rms,
+        MAX_REGISTER_N,
+        _alloc.poisoning(),
+        kernel_out,
+        xhat_dtype,
+        VECTOR_ACCESS,
     )
     return y.to(out_dtype), mean, rstd
 
@@ -69,6 +87,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
         MAX_REGISTER_N,
         _alloc.poisoning(),
         xhat_dtype,
+        VECTOR_ACCESS,
     )
     dweight = None if weight is None else dweight.to(weight.dtype)
     dbias = None if bias is None else dbias.to(bias.dtype)

@@ -29,9 +29,22 @@ def require_cuda(name: str) -> None:
         sys.exit(0)
 
 
+def slug(text: str) -> str:
+    """``text`` file-name safe: runs of other characters than letters and digits as ``_``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
 def gpu_name() -> str:
     """The device name, file-name safe (e.g. NVIDIA_H100_80GB_HBM3)."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+    return slug(torch.cuda.get_device_name())
+
+
+def number(text: str | None) -> float | None:
+    """A CSV cell as a float (thousands separators dropped), None where it holds no number."""
+    try:
+        return float((text or "").replace(",", ""))
+    except ValueError:
+        return None
 
 
 def median_ms(fn: Callable[[], object]) -> float:

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import number, print_rows, slug
+
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = {
     "gpu__time_duration.sum": "duration_ns",
@@ -122,13 +124,6 @@ def read_raw(path: Path) -> list[dict]:
     return [row for row in rows if (row.get("ID") or "").strip().isdigit()]
 
 
-def _number(text: str | None) -> float | None:
-    try:
-        return float((text or "").replace(",", ""))
-    except ValueError:
-        return None
-
-
 def summarize(cases_raw: list[dict], kernels_raw: list[dict]) -> list[dict]:
     """One row per kernel (cases_raw: kernels renamed to their NVTX case; kernels_raw: the
     same launches under their own names), then one ``(all kernels)`` row per case."""
@@ -141,7 +136,7 @@ def summarize(cases_raw: list[dict], kernels_raw: list[dict]) -> list[dict]:
         fields = parse_case(case)
         row = {"case": case, "kernel": _short(own_names.get(raw["ID"], "?")), **fields}
         for metric, column in METRICS.items():
-            row[column] = _number(raw.get(metric))
+            row[column] = number(raw.get(metric))
         rows.append(row)
     summed = ("duration_ns", "dram_read_bytes", "dram_write_bytes")
     out = []
@@ -191,14 +186,9 @@ def write_table(rows: list[dict], path: Path) -> None:
             writer.writerow({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
 
 
-def print_table(rows: list[dict]) -> None:
-    keys = ["case", "kernel", "grid", "block", "registers", "occupancy_pct", "dram_passes"]
-    keys += ["ideal_passes", "l2_hit_pct", "dram_pct_of_peak", "duration_ns", "ideal_GB/s"]
-    cells = [[str(row.get(k, "")) for k in keys] for row in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    print("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
-    for c in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+#: The columns printed at the end of a run (the CSV has them all).
+PRINTED = ["case", "kernel", "grid", "block", "registers", "occupancy_pct", "dram_passes"]
+PRINTED += ["ideal_passes", "l2_hit_pct", "dram_pct_of_peak", "duration_ns", "ideal_GB/s"]
 
 
 def profile(out: Path) -> tuple[Path, Path]:
@@ -238,10 +228,10 @@ def main() -> None:
             return
         raw_cases, raw_kernels = profile(args.out)
     rows = summarize(read_raw(raw_cases), read_raw(raw_kernels))
-    gpu = "" if args.parse else re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name())
-    table = args.out / f"{gpu.strip('_')}{'_' if gpu else ''}ncu_layer_norm.csv"
+    prefix = "" if args.parse else slug(torch.cuda.get_device_name()) + "_"
+    table = args.out / f"{prefix}ncu_layer_norm.csv"
     write_table(rows, table)
-    print_table(rows)
+    print_rows([{k: row[k] for k in PRINTED} for row in rows])
     print(f"written: {table}")
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 from collections import defaultdict
 from pathlib import Path
+
+from common import number, slug
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLOTS = Path(__file__).resolve().parent / "plots"
@@ -45,14 +46,7 @@ def read_rows(path: Path) -> list[dict]:
     """The rows of one results CSV that carry a % of copy bandwidth."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    return [row for row in rows if _number(row.get("pct_copy_bw")) is not None]
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        return None
+    return [row for row in rows if number(row.get("pct_copy_bw")) is not None]
 
 
 def x_column(rows: list[dict]) -> str:
@@ -108,7 +102,7 @@ def _panel_grid(panels: list[tuple]) -> tuple[list[str], list[tuple], dict]:
 
 def _x_positions(values: list[str]) -> tuple[list[float], bool]:
     """Numeric sizes as numbers (drawn on a log2 axis); other labels as 0, 1, 2, ..."""
-    numbers = [_number(v) for v in values]
+    numbers = [number(v) for v in values]
     if all(n is not None and n > 0 for n in numbers):
         return numbers, True
     return list(range(len(values))), False
@@ -173,15 +167,10 @@ def draw(op: str, panels: dict, gpu: str, dates: list[str], xcol: str, order: li
 
 def _ordered(labels: set[str], order: list[str]) -> list[str]:
     """Sizes in increasing order where all are numbers, else in ``order`` (then by name)."""
-    if all(_number(x) is not None for x in labels):
+    if all(number(x) is not None for x in labels):
         return sorted(labels, key=float)
     rank = {x: i for i, x in reversed(list(enumerate(order)))}
     return sorted(labels, key=lambda x: (rank.get(x, len(rank)), x))
-
-
-def slug(text: str) -> str:
-    """A file-name safe form of a GPU name (as benchmarks/common.py names the CSVs)."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
 def plot_csv(path: Path, out: Path) -> list[Path]:

@@ -91,7 +91,11 @@ __device__ __forceinline__ float load_dy(const void* dy, int64_t i, bool out_fp3
   return out_fp32 ? static_cast<const float*>(dy)[i] : to_float(static_cast<const T*>(dy)[i]);
 }
 
-// kVec elements of T in one access (16 bytes for kVec = 16 / sizeof(T)).
+// Elements of T in one 16-byte access: the vector path's kVec.
+template <typename T>
+constexpr int kVectorWidth = 16 / static_cast<int>(sizeof(T));
+
+// kVec elements of T in one access (16 bytes for kVec = kVectorWidth<T>).
 template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Packed {
   T v[kVec];
@@ -481,24 +485,24 @@ int values_per_thread(int64_t cols, int row_threads) {
     }                                                                                 \
   } while (0)
 
-// Runs BODY with constexpr kVec bound: 1, or 16 / sizeof(T) when VEC is not 1 (vector_width).
+// Runs BODY with constexpr kVec bound: 1, or kVectorWidth<T> when VEC is not 1 (vector_width).
 #define FUSEDOPS_LN_VECTOR_DISPATCH(T, VEC, ...)                 \
   do {                                                          \
     if ((VEC) == 1) {                                           \
       constexpr int kVec = 1;                                   \
       __VA_ARGS__;                                              \
     } else {                                                    \
-      constexpr int kVec = 16 / static_cast<int>(sizeof(T));    \
+      constexpr int kVec = kVectorWidth<T>;                     \
       __VA_ARGS__;                                              \
     }                                                           \
   } while (0)
 
-// Elements per access of the register path: 16 / sizeof(T) with variant.vector_access where
+// Elements per access of the register path: kVectorWidth<T> with variant.vector_access where
 // every row starts 16-byte aligned (cols % that == 0, aligned base pointers) and y / dy have x's
 // dtype (not out_fp32); else 1.
 template <typename T>
 int vector_width(const NormVariant& variant, int cols, std::initializer_list<const void*> rows) {
-  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVec = kVectorWidth<T>;
   if (!variant.vector_access || variant.out_fp32 || cols % kVec != 0) return 1;
   for (const void* p : rows) {
     if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return 1;

@@ -17,6 +17,15 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _verified_cell(name: str, backend: str) -> str:
+    from fusedops import dispatch
+
+    entry = dispatch.verified_entry(name, backend)
+    if entry is None:
+        return "unverified"
+    return f"verified ({entry['gpu']}, {entry['date']})"
+
+
 def info() -> int:
     """Print versions, the device, the op x backend availability table with reasons, and
     the hooks' report when hooks are enabled."""
@@ -45,11 +54,19 @@ def info() -> int:
                 cells["cuda"] = "no CUDA device"
             if cells["triton"] == "available" and not dispatch.triton_interpreter():
                 cells["triton"] = "no CUDA device (TRITON_INTERPRET=1 runs it on CPU)"
-        rows.append((name, cells["cuda"], cells["triton"], cells["reference"]))
-    header = ("op", "cuda", "triton", "reference")
+        for backend in dispatch.KERNEL_BACKENDS:
+            cells[backend] = f"{_verified_cell(name, backend)}; {cells[backend]}"
+        rows.append((name, cells["cuda"], cells["triton"], cells["native"]))
+    header = ("op", "cuda", "triton", "native")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print()
+    print(
+        "verified: passed the GPU suite at its current sources (fusedops/kernels/verified.json);"
+        " on CUDA tensors the automatic pick takes only verified kernels, else PyTorch's native"
+        " op (FUSEDOPS_UNVERIFIED=1 allows unverified ones; backend=... forces any)."
+    )
     from fusedops import hooks
 
     if hooks.enabled():
@@ -85,7 +102,7 @@ def bench(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusedops")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, device, op x backend availability")
+    sub.add_parser("info", help="versions, device, op x backend availability and GPU verification")
     sub.add_parser("build", help="build the CUDA extension ahead of time")
     demo_parser = sub.add_parser("demo", help="train a small ViT with and without fusedops")
     from fusedops import demo

@@ -6,11 +6,20 @@ each time it runs. The rule, in order:
 1. An explicit choice wins: the op's ``backend=`` argument, then ``with use_backend(...)``, then
    the ``FUSEDOPS_BACKEND`` environment variable. If the chosen backend cannot take the inputs,
    ``BackendUnavailableError`` lists its reasons.
-2. On a CUDA tensor: the first backend of the op's preference (cuda, then triton, by default)
-   that is installed/built and has no reason to refuse these inputs.
-3. Otherwise (CPU tensors, or nothing else can run): the reference implementation. Under
-   ``TRITON_INTERPRET=1`` the triton backend also accepts CPU tensors when chosen explicitly;
-   that is how the test suite checks Triton kernels on a CPU machine.
+2. On a CUDA tensor: the first kernel backend of the op's preference (cuda, then triton, by
+   default) that has **passed the GPU suite at its current sources** (``gpu_verified``; the table
+   is ``fusedops/kernels/verified.json``), is installed/built and has no reason to refuse these
+   inputs. ``FUSEDOPS_UNVERIFIED=1`` lets unverified kernels into this automatic pick; otherwise
+   skipping one says so once per op in a warning.
+3. Otherwise (CPU tensors, no verified kernel, or none can take the inputs): ``native``, the op
+   written with PyTorch's own native ops (``F.layer_norm``, ``torch._fused_adamw_``, dropout +
+   add, ...): correct and unfused, never slower than the code the op replaces. An op without a
+   native namespace uses its reference there.
+
+The ``reference`` backend is the oracle the tests compare against (plain PyTorch, fp32/fp64
+math written from the definition); it runs only when forced. Under ``TRITON_INTERPRET=1`` the
+triton backend also accepts CPU tensors when chosen explicitly; that is how the test suite
+checks Triton kernels on a CPU machine.
 
 An implementation is a namespace with the op's functions (``forward``, ``backward``, ...), the
 same names and signatures for every backend. Nothing here imports triton or initialises CUDA;
@@ -26,13 +35,15 @@ import importlib
 import importlib.util
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-BACKENDS = ("cuda", "triton", "reference")
+BACKENDS = ("cuda", "triton", "reference", "native")
+KERNEL_BACKENDS = ("cuda", "triton")
 KERNEL_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 _forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -57,7 +68,10 @@ class Op:
     cuda_module: dotted module path of the CUDA launchers' Python side (calls the extension).
     dtypes: input dtypes the kernels (triton and cuda) accept.
     preference: kernel backends to try, in order, for CUDA tensors.
-    check: optional ``check(backend, *tensors) -> list[str]`` giving op-specific reasons.
+    check: optional ``check(backend, *tensors) -> list[str]`` giving op-specific reasons
+        (asked with "reference" for the native backend: both are plain PyTorch).
+    native: namespace with the reference's function names written with PyTorch's native ops
+        (the automatic pick where no verified kernel runs); None: the reference serves.
     """
 
     name: str
@@ -67,6 +81,7 @@ class Op:
     dtypes: frozenset = KERNEL_DTYPES
     preference: tuple[str, ...] = ("cuda", "triton")
     check: Callable[..., list[str]] | None = None
+    native: Any = None
     _impls: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -132,10 +147,52 @@ def _cuda_missing() -> str | None:
     return build.unavailable_reason()
 
 
+def allow_unverified() -> bool:
+    """True when ``FUSEDOPS_UNVERIFIED=1`` lets kernels not verified on a GPU be picked
+    automatically."""
+    return os.environ.get("FUSEDOPS_UNVERIFIED", "0").strip() == "1"
+
+
+def _kernel_module(op: Op, backend: str) -> str | None:
+    return {"triton": op.triton_module, "cuda": op.cuda_module}.get(backend)
+
+
+def verified_entry(name: str, backend: str) -> dict | None:
+    """The GPU-verified record of op ``name``'s ``backend`` kernel (gpu, date, commit, evidence)
+    while its sources still match the ones that passed; None otherwise."""
+    from fusedops.kernels import verified
+
+    module = _kernel_module(_OPS[name], backend)
+    return None if module is None else verified.entry(name, backend, module)
+
+
+def gpu_verified(name: str, backend: str) -> bool:
+    """True when op ``name``'s ``backend`` kernel passed the GPU suite at its current sources."""
+    return verified_entry(name, backend) is not None
+
+
+_warned_unverified: set[str] = set()
+
+
+def _warn_unverified(name: str, skipped: list[str]) -> None:
+    if name in _warned_unverified:
+        return
+    _warned_unverified.add(name)
+    kernels = " and ".join(skipped)
+    warnings.warn(
+        f"fusedops.{name}: the {kernels} kernel has not passed the GPU test suite at its "
+        "current sources, so PyTorch's native op runs instead (correct, unfused). Set "
+        "FUSEDOPS_UNVERIFIED=1 to pick unverified kernels, or force one with backend=..., "
+        "use_backend(...) or FUSEDOPS_BACKEND.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def install_reasons(op: Op, backend: str) -> list[str]:
     """Why ``backend`` of ``op`` cannot run at all here, whatever the inputs (no CUDA probing
     beyond what has already happened; the CUDA extension's state is reported as known)."""
-    if backend == "reference":
+    if backend in ("reference", "native"):
         return []
     if backend == "triton":
         if op.triton_module is None:
@@ -154,7 +211,7 @@ def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list
     """Why ``backend`` of ``op`` cannot take these inputs (empty list: it can)."""
     reasons = install_reasons(op, backend)
     main = tensors[0]
-    if backend != "reference":
+    if backend in KERNEL_BACKENDS:
         if backend == "cuda" and main.device.type != "cuda":
             reasons.append(f"input is on {main.device.type}, the CUDA kernel needs a CUDA tensor")
         if backend == "triton" and main.device.type != "cuda" and not triton_interpreter():
@@ -170,7 +227,7 @@ def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list
             if missing:
                 reasons.append(missing)
     if op.check is not None:
-        reasons.extend(op.check(backend, *tensors))
+        reasons.extend(op.check("reference" if backend == "native" else backend, *tensors))
     return reasons
 
 
@@ -181,6 +238,8 @@ def _implementation(op: Op, backend: str) -> Any:
     with _lock:
         if backend == "reference":
             impl = op.reference
+        elif backend == "native":
+            impl = op.native if op.native is not None else op.reference
         elif backend == "triton":
             impl = importlib.import_module(op.triton_module)
         else:
@@ -203,23 +262,38 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
         return choice
     refused: list[str] = []
     if tensors[0].device.type == "cuda":
+        unverified: list[str] = []
         for candidate in op.preference:
-            reasons = input_reasons(op, candidate, tensors)
+            reasons = install_reasons(op, candidate)
+            # Verification before the inputs: an unverified CUDA kernel must not trigger the
+            # extension build.
+            if not reasons and not allow_unverified() and not gpu_verified(name, candidate):
+                unverified.append(candidate)
+                continue
+            reasons = reasons or input_reasons(op, candidate, tensors)
             if not reasons:
                 return candidate
             refused.append(f"{candidate}: {'; '.join(reasons)}")
-    reasons = input_reasons(op, "reference", tensors)
+        if unverified:
+            _warn_unverified(name, unverified)
+    reasons = input_reasons(op, "native", tensors)
     if not reasons:
-        return "reference"
-    refused.append(f"reference: {'; '.join(reasons)}")
+        return "native"
+    refused.append(f"native: {'; '.join(reasons)}")
     raise BackendUnavailableError(f"fusedops.{name}: no backend can run: " + " | ".join(refused))
 
 
 def select(name: str, *tensors: torch.Tensor, backend: str | None = None) -> Any:
     """The implementation namespace the dispatch rule picks for op ``name`` on ``tensors``."""
+    return _implementation(_OPS[name], pick(name, *tensors, backend=backend))
+
+
+def pick(name: str, *tensors: torch.Tensor, backend: str | None = None) -> str:
+    """``select_name``, recorded in ``last_used`` (for ops that run their native path
+    themselves, with torch's autograd, instead of through an implementation namespace)."""
     chosen = select_name(name, *tensors, backend=backend)
     last_used[name] = chosen
-    return _implementation(_OPS[name], chosen)
+    return chosen
 
 
 def availability() -> dict[str, dict[str, str]]:

@@ -1,5 +1,6 @@
 """The dispatch rule (dispatch.py), checked with stand-in inputs where a GPU would be needed."""
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -18,9 +19,12 @@ def _cuda_input(dtype=torch.float32):
     return SimpleNamespace(device=torch.device("cuda"), dtype=dtype)
 
 
-def test_cpu_tensor_goes_to_reference(monkeypatch):
+def test_cpu_tensor_goes_to_native(monkeypatch):
     monkeypatch.delenv("FUSEDOPS_BACKEND", raising=False)
-    assert dispatch.select_name("quick_gelu", torch.ones(2)) == "reference"
+    assert dispatch.select_name("quick_gelu", torch.ones(2, device="cpu")) == "native"
+    assert dispatch.select_name("quick_gelu", torch.ones(2, device="cpu"), backend="native") == (
+        "native"
+    )
 
 
 def test_explicit_choice_order(monkeypatch):
@@ -51,19 +55,20 @@ def test_forced_backend_that_cannot_run_lists_reasons(monkeypatch):
         dispatch.select_name("quick_gelu", _cuda_input(torch.float64), backend="triton")
 
 
-def test_cuda_tensor_prefers_cuda_then_triton_then_reference(monkeypatch):
+def test_cuda_tensor_prefers_cuda_then_triton_then_native(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
     monkeypatch.setattr(build, "known_state", lambda: None)
     monkeypatch.setattr(dispatch, "_cuda_missing", lambda: None)
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "cuda"
     # a failed CUDA build falls back to triton
     monkeypatch.setattr(build, "known_state", lambda: "CUDA extension build failed: boom")
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "triton"
-    # no triton either: reference
+    # no triton either: PyTorch's native op
     monkeypatch.setattr(dispatch, "_triton_missing", lambda: "triton is not installed")
-    assert dispatch.select_name("quick_gelu", _cuda_input()) == "reference"
-    # dtypes the kernels do not take go to the reference
+    assert dispatch.select_name("quick_gelu", _cuda_input()) == "native"
+    # dtypes the kernels do not take go to the native op
     monkeypatch.setattr(build, "known_state", lambda: None)
-    assert dispatch.select_name("quick_gelu", _cuda_input(torch.float64)) == "reference"
+    assert dispatch.select_name("quick_gelu", _cuda_input(torch.float64)) == "native"
 
 
 def test_no_backend_error_lists_every_backend():
@@ -75,7 +80,7 @@ def test_no_backend_error_lists_every_backend():
         message = str(info.value)
         assert "cuda: no CUDA kernel" in message
         assert "triton: no triton kernel" in message
-        assert "reference: reference refuses" in message
+        assert "native: reference refuses" in message
     finally:
         dispatch._OPS.pop("_always_refused")
 
@@ -100,3 +105,69 @@ def test_availability_table_names_reasons():
     assert table["quick_gelu"]["reference"] == "available"
     if torch.version.cuda is None:
         assert table["quick_gelu"]["cuda"] == "torch is a CPU-only build"
+
+
+def _verified_only(monkeypatch, *kernels):
+    """Make exactly ``kernels`` ((op, backend) pairs) count as GPU-verified."""
+    monkeypatch.delenv("FUSEDOPS_UNVERIFIED", raising=False)
+    monkeypatch.setattr(dispatch, "gpu_verified", lambda name, backend: (name, backend) in kernels)
+    monkeypatch.setattr(dispatch, "_warned_unverified", set())
+
+
+def test_automatic_pick_takes_only_verified_kernels(monkeypatch):
+    monkeypatch.setattr(build, "known_state", lambda: None)
+    probed = []
+    monkeypatch.setattr(dispatch, "_cuda_missing", lambda: probed.append(1))  # the build probe
+    _verified_only(monkeypatch, ("quick_gelu", "triton"))
+    assert dispatch.select_name("quick_gelu", _cuda_input()) == "triton"
+    assert probed == []  # the unverified CUDA kernel never triggered the extension build
+    _verified_only(monkeypatch)
+    with pytest.warns(RuntimeWarning, match=r"fusedops.quick_gelu: the cuda and triton kernel"):
+        assert dispatch.select_name("quick_gelu", _cuda_input()) == "native"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per op
+        assert dispatch.select_name("quick_gelu", _cuda_input()) == "native"
+    # forcing a backend still runs an unverified kernel; FUSEDOPS_UNVERIFIED opens the pick
+    assert dispatch.select_name("quick_gelu", _cuda_input(), backend="cuda") == "cuda"
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
+    assert dispatch.select_name("quick_gelu", _cuda_input()) == "cuda"
+
+
+def test_verified_entry_needs_matching_sources(monkeypatch):
+    from fusedops.kernels import verified
+
+    module = "fusedops.kernels.triton.quick_gelu"
+    record = {"sources": verified.sources_hash("triton", module), "gpu": "H100", "date": "d"}
+    monkeypatch.setattr(verified, "recorded", lambda: {"quick_gelu": {"triton": record}})
+    assert dispatch.gpu_verified("quick_gelu", "triton")
+    assert dispatch.verified_entry("quick_gelu", "triton")["gpu"] == "H100"
+    assert not dispatch.gpu_verified("quick_gelu", "cuda")
+    assert not dispatch.gpu_verified("layer_norm", "triton")
+    monkeypatch.setattr(verified, "sources_hash", lambda backend, module: "edited")
+    assert not dispatch.gpu_verified("quick_gelu", "triton")
+
+
+def test_kernel_sources_cover_imports_and_cuda_shared_files():
+    from fusedops.kernels import verified
+
+    names = lambda backend, module: {
+        str(p.relative_to(verified.PACKAGE_ROOT)) for p in verified.source_files(backend, module)
+    }
+    triton_nms = names("triton", "fusedops.kernels.triton.nms")
+    assert {"kernels/triton/nms.py", "ops/nms.py"} <= triton_nms
+    assert "_alloc.py" not in triton_nms and "dispatch.py" not in triton_nms
+    cuda = names("cuda", "fusedops.kernels.cuda.quick_gelu")
+    assert {"kernels/cuda/quick_gelu.cu", "kernels/cuda/bindings.cpp"} <= cuda
+    assert "kernels/device.py" in names("triton", "fusedops.kernels.triton.window_attention")
+
+
+def test_recorded_entries_are_complete_and_current():
+    """Every entry names its GPU, date, commit and evidence; the file only ever holds kernels
+    that exist (an entry whose sources changed is simply unverified, not an error)."""
+    from fusedops.kernels import verified
+
+    for name, backends in verified.recorded().items():
+        assert name in dispatch.registered_ops(), name
+        for backend, record in backends.items():
+            assert backend in dispatch.KERNEL_BACKENDS
+            assert {"sources", "gpu", "date", "commit", "evidence"} <= set(record), (name, backend)

@@ -42,7 +42,10 @@ def test_import_does_not_import_triton_jax_or_initialise_cuda():
 def test_info_prints_the_availability_table():
     done = _run("-m", "fusedops", "info")
     assert done.returncode == 0, done.stderr
-    assert "quick_gelu" in done.stdout and "reference" in done.stdout
+    assert "quick_gelu" in done.stdout and "native" in done.stdout
+    # each kernel's GPU-verification state: the Triton QuickGELU passed on an H100 at its sources
+    assert "verified (NVIDIA H100 80GB HBM3, 2026-11-22)" in done.stdout
+    assert "unverified" in done.stdout
     assert "torch " in done.stdout
 
 

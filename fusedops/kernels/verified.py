@@ -1,0 +1,120 @@
+"""Which kernels passed the GPU suite at their current sources (the verified-dispatch table).
+
+``verified.json`` beside this file records, per op and kernel backend, the hash of the kernel's
+sources when the GPU suite passed, with the GPU, the date, the commit and the evidence.
+``benchmarks/record_verified.py`` writes it from a GPU run's junit result; nothing else does.
+A kernel counts as verified only while the hash of its sources *now* equals the recorded one:
+any edit to the kernel, to a kernel-side helper it imports, or (CUDA) to the extension's shared
+files makes it unverified again until a GPU run passes it.
+
+The sources of a kernel backend are:
+
+- its Python module (``fusedops/kernels/<backend>/<op>.py``) and, transitively, every module
+  under ``fusedops/kernels/`` that it imports; ``fusedops.ops`` modules it imports directly
+  (shared geometry, Philox) count too, without their own imports; host plumbing
+  (``fusedops/_alloc.py``, ``fusedops/dispatch.py``) does not, since the CPU suite tests it;
+- for CUDA, also the ``.cu`` file named like the module and the extension's shared files
+  (``bindings.cpp``, ``launchers.h``, ``device.cuh``, ``build.py``).
+
+Nothing here imports triton or touches CUDA: modules are found with ``importlib.util`` and read
+as text.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+VERIFIED_FILE = Path(__file__).resolve().with_name("verified.json")
+CUDA_SHARED_FILES = ("bindings.cpp", "launchers.h", "device.cuh", "build.py")
+#: Host-side modules left out of a kernel's sources (tested by the CPU suite on every run).
+HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops.dispatch")
+
+
+def _module_file(module: str) -> Path:
+    # The file of a fusedops module, found without importing it (the path follows the name).
+    relative = Path(*module.split(".")[1:])
+    candidate = PACKAGE_ROOT / relative.with_suffix(".py")
+    if candidate.exists():
+        return candidate
+    package = PACKAGE_ROOT / relative / "__init__.py"
+    if package.exists():
+        return package
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"no module {module!r} under {PACKAGE_ROOT}")
+    return Path(spec.origin)
+
+
+def _fusedops_imports(path: Path) -> set[str]:
+    """Dotted names of the fusedops modules ``path`` imports (``from fusedops.x import y``
+    counts ``fusedops.x.y`` when that is a module, else ``fusedops.x``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("fusedops"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if not node.module.startswith("fusedops"):
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                relative = Path(*sub.split(".")[1:])
+                is_module = (PACKAGE_ROOT / relative.with_suffix(".py")).exists() or (
+                    PACKAGE_ROOT / relative / "__init__.py"
+                ).exists()
+                names.add(sub if is_module else node.module)
+    return names - set(HOST_MODULES)
+
+
+def source_files(backend: str, module: str) -> list[Path]:
+    """The files whose contents make up kernel backend ``backend`` implemented by ``module``."""
+    files: set[Path] = set()
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        path = _module_file(name)
+        if path in files:
+            continue
+        files.add(path)
+        if name.startswith("fusedops.kernels"):
+            pending.extend(_fusedops_imports(path))
+    if backend == "cuda":
+        folder = _module_file(module).parent
+        files.update(folder / name for name in CUDA_SHARED_FILES)
+        cu = _module_file(module).with_suffix(".cu")
+        if cu.exists():
+            files.add(cu)
+    return sorted(files)
+
+
+@functools.cache
+def sources_hash(backend: str, module: str) -> str:
+    """sha256 over the relative path and bytes of each of the kernel's source files."""
+    digest = hashlib.sha256()
+    for path in source_files(backend, module):
+        digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@functools.cache
+def recorded() -> dict[str, dict[str, dict]]:
+    """op -> backend -> the recorded entry (sources, gpu, date, commit, evidence)."""
+    if not VERIFIED_FILE.exists():
+        return {}
+    return json.loads(VERIFIED_FILE.read_text()).get("kernels", {})
+
+
+def entry(op: str, backend: str, module: str) -> dict | None:
+    """The recorded entry of ``op``'s ``backend`` kernel if its sources still match, else None."""
+    found = recorded().get(op, {}).get(backend)
+    if found is None or found.get("sources") != sources_hash(backend, module):
+        return None
+    return found

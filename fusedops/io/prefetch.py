@@ -240,7 +240,7 @@ class Prefetcher:
             raise TypeError(f"Prefetcher.{name}: call iter() (a for loop) first")
 
     def _pin(self, batch):
-        if self._streams is None:
+        if self.device.type != "cuda":
             return batch
         return pytree.tree_map(
             lambda t: (

@@ -39,8 +39,10 @@ def _mib(n: float) -> str:
 
 def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The repeated blocks of ``model``: children of an ``nn.ModuleList``/``nn.Sequential``
-    that share their class with another child of it (the outermost such containers; nothing
-    inside a chosen block is chosen), as (qualified name, module) in model order."""
+    that share their class with another child of it and have submodules of their own (a lone
+    Linear is no block: checkpointing it keeps its input, all it saves), the outermost such
+    containers (nothing inside a chosen block is chosen), as (qualified name, module) in model
+    order."""
     blocks: list[tuple[str, nn.Module]] = []
     for name, container in model.named_modules():
         if not isinstance(container, (nn.ModuleList, nn.Sequential)):
@@ -54,7 +56,7 @@ def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
         blocks += [
             (prefix + child_name, child)
             for child_name, child in container.named_children()
-            if by_class[type(child)] >= 2
+            if by_class[type(child)] >= 2 and next(child.children(), None) is not None
         ]
     return blocks
 

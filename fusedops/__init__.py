@@ -31,16 +31,19 @@ _ATTRIBUTES = {
     "nms_normal": "fusedops.ops.nms",
     "soft_nms": "fusedops.ops.nms",
     "batched_soft_nms": "fusedops.ops.nms",
+    "auto_checkpoint": "fusedops.utils.checkpoint",
 }
 _SUBMODULES = (
     "dispatch",
     "hooks",
     "integrations",
+    "io",
     "kernels",
     "nn",
     "ops",
     "optim",
     "testing",
+    "utils",
     "xla",
 )
 

@@ -11,6 +11,7 @@ from fusedops import dispatch, hooks
 from fusedops.ops import grad_norm
 from fusedops.optim import FusedAdam, FusedAdamW
 from fusedops.testing import assert_close, backends_under_test, device_under_test
+from tests.test_adam import _restore_hooks  # noqa: F401 (the fixture restoring torch's classes)
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
@@ -290,13 +291,6 @@ def test_no_gradients_give_a_zero_norm():
     params = _make(torch.float32, torch.Generator().manual_seed(torch.seed()))
     norm = FusedAdam(params, max_grad_norm=1.0).step()
     assert norm.dtype == torch.float32 and float(norm) == 0.0
-
-
-@pytest.fixture
-def _restore_hooks():
-    yield
-    hooks.disable_fused_adam()
-    hooks.disable_fused_adamw()
 
 
 @pytest.mark.usefixtures("_restore_hooks")

@@ -5,12 +5,23 @@ model (many small norms + large matrices), fp32 and bf16.
 GB/s counts the bytes a step must move: params, exp_avg and exp_avg_sq read and written, grads
 read (7 passes over the params' bytes; moments in the param dtype). Run:
 ``python benchmarks/bench_adam.py [vit_b|llama_1b ...] [--dtypes bfloat16,...] [--providers ...]``.
+
+``--clip`` (issue 28) times AMP unscale + gradient clipping + step instead: torch's sequence
+(``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` of AdamW(fused=True), ``update``)
+against ``scaler.step`` of FusedAdamW(max_grad_norm=...) (+ ``update``), and each optimizer's
+step alone; a row's ``vs_step`` is its time over that of the same optimizer's step alone, and
+``vs_torch`` torch's sequence time over its own. Goals on the GPU (llama_1b): fusedops' sequence
+within 1.3x of its step alone and >= 1.5x faster than torch's sequence. The scale is 1 and the
+max norm large, so repeated timing runs never shrink the gradients (the same work is done:
+torch multiplies them by a coefficient of 1). Without a GPU, ``--clip`` runs on the CPU with
+the ``small`` list (Triton's providers need a GPU there).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import time
 
 import torch
 from common import (
@@ -46,16 +57,134 @@ def llama_1b_shapes() -> list[tuple[int, ...]]:
     return shapes + [(d,), (vocab, d)]
 
 
-MODELS = {"vit_b": vit_b_shapes, "llama_1b": llama_1b_shapes}
+def small_shapes() -> list[tuple[int, ...]]:
+    """A 4-layer, d=256 version of the LLaMA-like list (~4M parameters): the CPU run."""
+    d, kv, mlp, vocab = 256, 64, 704, 4000
+    shapes = [(vocab, d)]
+    for _ in range(4):
+        shapes += [(d,), (d, d), (kv, d), (kv, d), (d, d), (d,), (mlp, d), (mlp, d), (d, mlp)]
+    return shapes + [(d,), (vocab, d)]
 
 
-def make_params(shapes, dtype) -> list[torch.nn.Parameter]:
+MODELS = {"vit_b": vit_b_shapes, "llama_1b": llama_1b_shapes, "small": small_shapes}
+
+
+def make_params(shapes, dtype, device="cuda") -> list[torch.nn.Parameter]:
     params = []
     for shape in shapes:
-        p = torch.nn.Parameter(torch.randn(shape, device="cuda", dtype=dtype) * 0.02)
+        p = torch.nn.Parameter(torch.randn(shape, device=device, dtype=dtype) * 0.02)
         p.grad = torch.randn_like(p) * 1e-3
         params.append(p)
     return params
+
+
+#: clip_grad_norm_'s max norm in the --clip rows: above any norm here (coefficient 1)
+CLIP_MAX_NORM = 1e6
+
+
+def clip_sequences(params, device: str):
+    """name -> a zero-argument callable doing unscale + clip + step (or the step alone) as a
+    training loop does after backward, GradScaler's update included (state built on first
+    call). Providers whose name ends in "-step" are the baselines of ``vs_step``."""
+    from fusedops.optim import FusedAdamW
+
+    def scaler():
+        amp = torch.amp.GradScaler(device, init_scale=1.0, growth_interval=2**30)
+        amp.scale(torch.ones((), device=device))  # creates the scale (a backward would)
+        return amp
+
+    def torch_sequence():
+        opt, amp = torch.optim.AdamW(params, lr=1e-3, fused=True), scaler()
+
+        def run():
+            amp.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, CLIP_MAX_NORM)
+            amp.step(opt)
+            amp.update()
+
+        return run
+
+    def fused_sequence(backend):
+        opt = FusedAdamW(params, lr=1e-3, backend=backend, max_grad_norm=CLIP_MAX_NORM)
+        amp = scaler()
+
+        def run():
+            amp.step(opt)
+            amp.update()
+
+        return run
+
+    backends = ["cuda", "triton"] if device == "cuda" else ["reference"]
+    sequences = {
+        "torch-fused-step": lambda: torch.optim.AdamW(params, lr=1e-3, fused=True).step,
+        "torch-fused-sequence": torch_sequence,
+    }
+    for backend in backends:
+        sequences[f"fusedops-{backend}-step"] = lambda b=backend: (
+            FusedAdamW(params, lr=1e-3, backend=b).step
+        )
+        sequences[f"fusedops-{backend}-sequence"] = lambda b=backend: fused_sequence(b)
+    return sequences
+
+
+def cpu_median_ms(fn, repeats: int = 5) -> float:
+    """Median wall time of ``fn`` in milliseconds on the CPU (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_clip(models, dtypes, wanted) -> list[dict]:
+    """The --clip rows (GPU: every model asked for; CPU: the ``small`` list, fp32)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        print("bench_adam --clip: no CUDA device, CPU run of the small list (reference backend)")
+        models, dtypes = ["small"], [torch.float32]
+    rows = []
+    for model in models:
+        for dtype in dtypes:
+            params = make_params(MODELS[model](), dtype, device)
+            numel = sum(p.numel() for p in params)
+            times = {}
+            for name, make in clip_sequences(params, device).items():
+                if wanted and name not in wanted:
+                    continue
+                try:
+                    run = make()
+                    run()  # builds the state
+                    times[name] = median_ms(run) if device == "cuda" else cpu_median_ms(run)
+                except Exception as exc:  # one provider failing must not hide the others
+                    print(f"{model} {dtype} {name}: failed: {type(exc).__name__}: {exc}")
+                finally:
+                    run = None
+                    gc.collect()
+            for name, ms in times.items():
+                optimizer = name.rsplit("-", 1)[0]
+                step_ms = times.get(f"{optimizer}-step")
+                torch_ms = times.get("torch-fused-sequence")
+                row = {
+                    "op": "adamw_unscale_clip_step",
+                    "provider": name,
+                    "device": device,
+                    "model": model,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "tensors": len(params),
+                    "numel": numel,
+                    "ms": round(ms, 4),
+                    "vs_step": round(ms / step_ms, 3) if step_ms else "",
+                    "vs_torch": round(torch_ms / ms, 3) if torch_ms else "",
+                }
+                rows.append(row)
+                print(row, flush=True)
+            if device == "cuda" and times:
+                append_rows(rows[-len(times) :], "adam_clip")
+            del params
+            gc.collect()
+    return rows
 
 
 def optimizers(params):
@@ -80,12 +209,18 @@ def main() -> None:
     parser.add_argument("models", nargs="*", help=f"any of {', '.join(MODELS)} (default: all)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
     parser.add_argument("--providers", default="", help="comma-separated (default: all)")
+    parser.add_argument(
+        "--clip", action="store_true", help="unscale + clip + step sequences (issue 28)"
+    )
     args = parser.parse_args()
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     wanted = set(filter(None, args.providers.split(",")))
+    if args.clip:
+        print_rows(run_clip(args.models or ["llama_1b"], dtypes, wanted))
+        return
     require_cuda("bench_adam")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")

@@ -662,7 +662,7 @@ def test_opcheck_adam_step_custom_op():
     moments = [[torch.zeros_like(p) for p in params] for _ in range(2)]
     steps = [torch.tensor(0.0, device=DEVICE) for _ in params]
     args = (params, grads, *moments, [], [], steps, 0.01, None, 0.9, 0.999, 1e-8, 0.0)
-    args += (False, False, False, None, None, "reference")
+    args += (False, False, False, None, None, None, "reference")
     # Schema (mutation annotations) and fake kernel; aot_dispatch is left out (it compiles).
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")
     torch.library.opcheck(torch.ops.fusedops.adam_step.default, args, test_utils=utils)

@@ -13,9 +13,16 @@ param's strides), elementwise aligned with its param:
 - steps: one float32 0-d tensor per param on the params' device, already incremented for this
   step (``adam_step`` increments them, and decrements them again where ``found_inf`` is set).
 
+Besides the hyperparameters, ``step`` takes three optional 0-d float32 tensors on the params'
+device, all read on the device: ``grad_scale``, ``found_inf`` and ``clip_coef`` (gradient
+clipping: the factor ``min(1, max_norm / (norm + 1e-6))`` that ``clip_grad_norm_`` would
+multiply the gradients by, applied to the gradient inside the update; the gradients in memory
+are never clipped).
+
 The math is torch.optim.Adam's (``decoupled=True``: AdamW), in fp32 for fp16/bf16 params::
 
-    g = grad / grad_scale;  g = -g if maximize
+    g = grad / grad_scale   (written back: the unscaled gradient)
+    g = g * clip_coef;  g = -g if maximize
     p = p * (1 - lr * wd) if decoupled else (g = g + wd * p)
     m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g;  vmax = max(vmax, v)
     p = p - lr / (1 - beta1**step) * m / (sqrt(v or vmax) / sqrt(1 - beta2**step) + eps)
@@ -54,6 +61,7 @@ def _reference_step(
     decoupled: bool,
     grad_scale: torch.Tensor | None,
     found_inf: torch.Tensor | None,
+    clip_coef: torch.Tensor | None = None,
 ) -> None:
     """Plain-PyTorch Adam/AdamW update of each tensor (the CPU path and the test oracle)."""
     skip = None if found_inf is None else found_inf != 0
@@ -67,6 +75,8 @@ def _reference_step(
         if grad_scale is not None:
             g.div_(grad_scale.to(compute))
         unscaled = g.clone() if grad_scale is not None else None
+        if clip_coef is not None:
+            g.mul_(clip_coef.to(compute))
         if maximize:
             g.neg_()
         if weight_decay != 0:
@@ -115,7 +125,7 @@ dispatch.register_op(
 def _adam_step_body(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
     beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-    backend=None,
+    clip_coef, backend=None,
 ) -> None:  # fmt: skip
     """The step itself (types: ``_adam_step_op``), shared by the custom op and the eager path."""
     torch._foreach_add_(steps, 1)
@@ -135,6 +145,7 @@ def _adam_step_body(
             decoupled=decoupled,
             grad_scale=grad_scale,
             found_inf=found_inf,
+            clip_coef=clip_coef,
         )
     if found_inf is not None:
         torch._foreach_sub_(steps, [found_inf] * len(steps))
@@ -171,12 +182,13 @@ def _adam_step_op(
     decoupled: bool,
     grad_scale: torch.Tensor | None,
     found_inf: torch.Tensor | None,
+    clip_coef: torch.Tensor | None,
     backend: str | None = None,
 ) -> None:
     _adam_step_body(
         params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
         beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-        backend,
+        clip_coef, backend,
     )  # fmt: skip
 
 
@@ -214,6 +226,7 @@ def adam_step(
     decoupled: bool = False,
     grad_scale: torch.Tensor | None = None,
     found_inf: torch.Tensor | None = None,
+    clip_coef: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> None:
     """One Adam (``decoupled=False``) or AdamW step of a group of tensors, in place.
@@ -222,7 +235,9 @@ def adam_step(
     fp64 on the reference); zero-element params are allowed (only their step advances). See the
     module docstring for the lists' layout. ``lr`` is a float or a 1-element tensor (read on the
     device). ``steps`` are incremented here; ``grad_scale`` (0-d float32) unscales the gradients;
-    ``found_inf`` (0-d float32, nonzero: skip) skips the whole update on the device.
+    ``found_inf`` (0-d float32, nonzero: skip) skips the whole update on the device;
+    ``clip_coef`` (0-d float32 on the params' device, e.g. ``min(1, max_norm / (norm + 1e-6))``)
+    multiplies the (unscaled) gradient inside the update, the gradients in memory keep theirs.
     backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
     """
     if not params:
@@ -255,5 +270,6 @@ def adam_step(
         bool(decoupled),
         grad_scale,
         found_inf,
+        clip_coef,
         backend,
     )

@@ -15,6 +15,20 @@ Same constructor and state_dict layout as torch (``step``, ``exp_avg``, ``exp_av
 kernel unscales the gradients and, when ``found_inf`` is set, skips the update and the step
 increment on the device. DTensor params (FSDP2) are updated through their local shards.
 ``foreach`` and ``fused`` are accepted for compatibility and ignored.
+
+Gradient clipping: with ``max_grad_norm`` set, ``step()`` does what
+``torch.nn.utils.clip_grad_norm_(all params, max_grad_norm, norm_type)`` followed by the step
+would, in the step's passes: one read pass over the gradients for the global norm (per device
+and dtype, float32 accumulation; the total over every param group and device, as
+``clip_grad_norm_`` takes it), then the update multiplies each gradient by
+``min(1, max_grad_norm / (norm + 1e-6))`` on the device. The gradients in ``.grad`` are never
+clipped (unlike ``clip_grad_norm_``): they keep their values, or under a GradScaler their
+unscaled values. The norm is that of the unscaled gradients; ``step()`` returns it (a 0-d
+float32 tensor on the first gradient's device, as ``clip_grad_norm_`` returns it; ``closure()``'s
+loss instead when a closure is given) and keeps it as ``last_grad_norm``. A non-finite gradient
+gives a non-finite norm: under a GradScaler the step is skipped (``found_inf``), without one the
+update follows ``clip_grad_norm_(error_if_nonfinite=False)`` (NaN coefficient). Nothing waits for
+the device. ``max_grad_norm`` and ``norm_type`` are attributes (not saved in ``state_dict``).
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from typing import Any
 
 import torch
 
+from fusedops.ops import grad_norm
 from fusedops.ops._eager import PLAIN_TENSOR_TYPES
 from fusedops.ops.adam import adam_step
 
@@ -88,9 +103,19 @@ class _FusedAdamMixin:
     _fusedops_fused = True  # read by the hooks: this class is already a fused replacement
     _step_supports_amp_scaling = True
 
-    def _setup(self, master_weights: bool, backend: str | None, differentiable: bool) -> None:
+    def _setup(
+        self,
+        master_weights: bool,
+        backend: str | None,
+        differentiable: bool,
+        max_grad_norm: float | None,
+        norm_type: float,
+    ) -> None:
         if differentiable:
             raise ValueError(f"{type(self).__name__} does not support differentiable=True")
+        self.max_grad_norm = grad_norm.check_max_norm(max_grad_norm)
+        self.norm_type = grad_norm.check_norm_type(norm_type)
+        self.last_grad_norm: torch.Tensor | None = None
         if backend is not None:
             from fusedops import dispatch
 
@@ -112,9 +137,12 @@ class _FusedAdamMixin:
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One Adam/AdamW step of every param with a gradient; returns ``closure()``'s loss.
+        """One Adam/AdamW step of every param with a gradient.
 
-        Honours ``self.grad_scale`` / ``self.found_inf`` (set by torch.amp.GradScaler).
+        Returns ``closure()``'s loss when a closure is given; otherwise, with ``max_grad_norm``
+        set, the total norm of the unscaled gradients before clipping (0-d float32 tensor, also
+        kept as ``last_grad_norm``), else None. Honours ``self.grad_scale`` /
+        ``self.found_inf`` (set by torch.amp.GradScaler).
         """
         loss = None
         if closure is not None:
@@ -124,10 +152,17 @@ class _FusedAdamMixin:
         found_inf = getattr(self, "found_inf", None)
         # this step's checked states; params not stepped drop out (no stale state kept alive)
         self._fusedops_seen = {}
-        for group in self.param_groups:
-            self._step_group(group, grad_scale, found_inf)
+        collected = [self._collect_group(group) for group in self.param_groups]
+        clip_coef = norm = None
+        if self.max_grad_norm is not None:
+            grads = [g for _, _, norm_grads in collected for g in norm_grads]
+            norm = grad_norm.total_norm(grads, self.norm_type, grad_scale)
+            clip_coef = grad_norm.clip_coefficient(norm, self.max_grad_norm)
+            self.last_grad_norm = norm
+        for group, (groups, copies, _) in zip(self.param_groups, collected):
+            self._apply_group(group, groups, copies, grad_scale, found_inf, clip_coef)
         self._fusedops_ready, self._fusedops_seen = self._fusedops_seen, {}
-        return loss
+        return loss if closure is not None else norm
 
     def _state_for(self, param: torch.Tensor, group: dict) -> dict:
         """The param's state, created on first use: float32 step on the param's device, moments
@@ -185,14 +220,18 @@ class _FusedAdamMixin:
         ):
             self._fusedops_seen[id(param)] = (state, tensors, _state_options(param, group))
 
-    def _step_group(self, group: dict, grad_scale, found_inf) -> None:
+    def _collect_group(self, group: dict) -> tuple:
+        """The group's kernel lists per (device, dtype), the (original, contiguous temporary)
+        pairs to copy back after the step, and the gradients as they are (for the norm)."""
         groups: dict[tuple, list[list[torch.Tensor]]] = defaultdict(lambda: [[] for _ in range(7)])
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (original, contiguous temporary)
+        norm_grads: list[torch.Tensor] = []
         amsgrad = group["amsgrad"]
         for param in group["params"]:
             grad = param.grad
             if grad is None:
                 continue
+            norm_grads.append(grad)
             # Fast path (the usual step): plain contiguous tensors whose state is known good.
             if (
                 type(param) in PLAIN_TENSOR_TYPES
@@ -239,6 +278,10 @@ class _FusedAdamMixin:
                         tensors[i] = t.contiguous()
                         copies.append((t, tensors[i]))
             _append(groups[(p.device, p.dtype)], (*tensors, state["step"]))
+        return groups, copies, norm_grads
+
+    def _apply_group(self, group, groups, copies, grad_scale, found_inf, clip_coef) -> None:
+        """One ``adam_step`` per (device, dtype) list of ``_collect_group``, then the copies."""
         beta1, beta2 = (float(b) for b in group["betas"])
         for (device, _), lists in groups.items():
             adam_step(
@@ -253,6 +296,7 @@ class _FusedAdamMixin:
                 decoupled=group["decoupled_weight_decay"],
                 grad_scale=_on(grad_scale, device),
                 found_inf=_on(found_inf, device),
+                clip_coef=_on(clip_coef, device),
                 backend=self.backend,
             )
         for original, temporary in copies:
@@ -283,7 +327,8 @@ class _FusedAdamMixin:
 
 
 def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """``t`` (grad_scale / found_inf) as float32 on ``device`` (asynchronous copy if needed)."""
+    """``t`` (grad_scale / found_inf / clip_coef) as float32 on ``device`` (asynchronous copy
+    if needed)."""
     if t is None:
         return None
     return t.to(device=device, dtype=torch.float32, non_blocking=True)
@@ -298,7 +343,8 @@ class FusedAdam(_FusedAdamMixin, _Adam):
 
     params: iterable of tensors or param-group dicts; fp32/fp16/bf16 (any dtype, also complex,
     on the reference backend). Other arguments as torch.optim.Adam, plus ``master_weights``
-    (fp32 master copies for fp16/bf16 params) and ``backend``.
+    (fp32 master copies for fp16/bf16 params), ``backend``, and ``max_grad_norm`` /
+    ``norm_type`` (gradient clipping inside the step, see the module docstring; None: off).
     """
 
     def __init__(
@@ -318,6 +364,8 @@ class FusedAdam(_FusedAdamMixin, _Adam):
         decoupled_weight_decay: bool = False,
         master_weights: bool = False,
         backend: str | None = None,
+        max_grad_norm: float | None = None,
+        norm_type: float = 2.0,
     ) -> None:
         _check_lr(lr)
         super().__init__(
@@ -331,13 +379,14 @@ class FusedAdam(_FusedAdamMixin, _Adam):
             capturable=capturable,
             decoupled_weight_decay=decoupled_weight_decay,
         )
-        self._setup(master_weights, backend, differentiable)
+        self._setup(master_weights, backend, differentiable, max_grad_norm, norm_type)
 
 
 class FusedAdamW(_FusedAdamMixin, _AdamW):
     """torch.optim.AdamW (decoupled weight decay) computed by fusedops' multi-tensor kernels.
 
-    Arguments as torch.optim.AdamW, plus ``master_weights`` and ``backend`` (see FusedAdam).
+    Arguments as torch.optim.AdamW, plus ``master_weights``, ``backend``, ``max_grad_norm``
+    and ``norm_type`` (see FusedAdam).
     """
 
     def __init__(
@@ -356,6 +405,8 @@ class FusedAdamW(_FusedAdamMixin, _AdamW):
         fused: bool | None = None,
         master_weights: bool = False,
         backend: str | None = None,
+        max_grad_norm: float | None = None,
+        norm_type: float = 2.0,
     ) -> None:
         _check_lr(lr)
         super().__init__(
@@ -368,7 +419,7 @@ class FusedAdamW(_FusedAdamMixin, _AdamW):
             maximize=maximize,
             capturable=capturable,
         )
-        self._setup(master_weights, backend, differentiable)
+        self._setup(master_weights, backend, differentiable, max_grad_norm, norm_type)
 
 
 def _check_lr(lr) -> None:

@@ -31,6 +31,8 @@ STATIC_KEYS = {
 }
 STATIC_KEYS["AdamW"] = STATIC_KEYS["Adam"]
 STATIC_KEYS["FusedAdam"] = STATIC_KEYS["FusedAdamW"] = (*STATIC_KEYS["Adam"], "master_weights")
+#: optimizer attributes that shape the program of a fused optimizer (gradient clipping)
+FUSED_STATIC_ATTRIBUTES = ("max_grad_norm", "norm_type")
 
 
 def _fused(optimizer: torch.optim.Optimizer) -> bool:
@@ -133,9 +135,10 @@ def adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
     return p - step_size * (exp_avg / denom), new_state
 
 
-def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
+def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool, clip_coef=None):
     """One FusedAdam / FusedAdamW step for one parameter: the body of fusedops' ``adam_step``
-    op (reference backend: plain torch ops) on copies of ``p`` and its state (functional)."""
+    op (reference backend: plain torch ops) on copies of ``p`` and its state (functional);
+    ``clip_coef`` (0-d float32 or None): the gradient clipping factor of the step."""
     from fusedops.ops.adam import _adam_step_body
 
     beta1, beta2 = group["betas"]
@@ -144,7 +147,7 @@ def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
     if p.is_complex():  # as FusedAdam: real and imaginary parts are independent
         real = {n: torch.view_as_real(t) if t.is_complex() else t for n, t in new.items()}
         new_p, new_real = fused_adam_update(
-            torch.view_as_real(p), torch.view_as_real(grad), real, group, lr, decoupled
+            torch.view_as_real(p), torch.view_as_real(grad), real, group, lr, decoupled, clip_coef
         )
         back = {n: torch.view_as_complex(t) if new[n].is_complex() else t
                 for n, t in new_real.items()}  # fmt: skip
@@ -156,16 +159,29 @@ def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool):
         [new["master_param"]] if "master_param" in new else [], [new["step"]],
         0.0, lr.reshape(()).to(torch.float32), float(beta1), float(beta2), float(group["eps"]),
         float(group["weight_decay"]), bool(amsgrad), bool(group["maximize"]), decoupled,
-        None, None, "reference",
+        None, None, clip_coef, "reference",
     )  # fmt: skip
     return p, new
 
 
-def update(name: str, p, grad, state: dict, group: dict, lr):
-    """Dispatch to the update of optimizer ``name`` (``SUPPORTED`` or ``FUSED``)."""
+def clip_step(optimizer, grads: list[torch.Tensor]) -> tuple:
+    """(total norm, clipping factor) of a fused optimizer's step over ``grads`` (every gradient
+    it updates), as its eager step computes them; (None, None) without ``max_grad_norm``."""
+    max_norm = getattr(optimizer, "max_grad_norm", None) if _fused(optimizer) else None
+    if max_norm is None:
+        return None, None
+    from fusedops.ops import grad_norm
+
+    norm = grad_norm.total_norm(grads, optimizer.norm_type)
+    return norm, grad_norm.clip_coefficient(norm, max_norm)
+
+
+def update(name: str, p, grad, state: dict, group: dict, lr, clip_coef=None):
+    """Dispatch to the update of optimizer ``name`` (``SUPPORTED`` or ``FUSED``);
+    ``clip_coef``: a fused optimizer's gradient clipping factor (``clip_step``)."""
     if name in FUSED:
         decoupled = name == "FusedAdamW" or bool(group.get("decoupled_weight_decay", False))
-        return fused_adam_update(p, grad, state, group, lr, decoupled)
+        return fused_adam_update(p, grad, state, group, lr, decoupled, clip_coef)
     if name == "SGD":
         return sgd_update(p, grad, state, group, lr)
     decoupled = name == "AdamW" or bool(group.get("decoupled_weight_decay", False))

@@ -148,6 +148,10 @@ class XlaTrainStep:
             name = optim_math.kind(opt)
             for g in opt.param_groups:
                 opt_key.append((name, tuple((k, g.get(k)) for k in optim_math.STATIC_KEYS[name])))
+            if name in optim_math.FUSED:  # clipping changes the program
+                opt_key.append(
+                    tuple(getattr(opt, k, None) for k in optim_math.FUSED_STATIC_ATTRIBUTES)
+                )
         return (
             tuple(leaf_key(x) for x in leaves),
             tuple(m.training for m in modules for m in m.modules()),
@@ -432,6 +436,13 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
             if closure is not None:
                 raise XLATraceError("xla_trace: optimizer.step(closure) is unsupported")
             lr_index = {g: k for k, g in enumerate(sig.groups)}
+            stepped = [
+                index[id(p)]
+                for group in opt.param_groups
+                for p in group["params"]
+                if p.requires_grad and rec.grads.get(index[id(p)]) is not None
+            ]
+            norm, clip_coef = optim_math.clip_step(opt, [rec.grads[pi].detach() for pi in stepped])
             for gi, group in enumerate(opt.param_groups):
                 lr = lrs[lr_index[(oi, gi)]]
                 for p in group["params"]:
@@ -441,11 +452,12 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
                         continue
                     state = rec.states[(oi, pi)]
                     new_p, new_state = optim_math.update(
-                        name, rec.params[pi].detach(), grad.detach(), state, group, lr
+                        name, rec.params[pi].detach(), grad.detach(), state, group, lr, clip_coef
                     )
                     rec.params[pi] = new_p
                     rec.states[(oi, pi)] = {**state, **new_state}
             rec.stepped = True
+            return norm  # a fused optimizer's total gradient norm when it clips, as in eager
 
         return step
 

@@ -208,6 +208,10 @@ ADAM_CASES = {
         {"dtype": F16},
         {"grad_scale": torch.tensor(4.0), "found_inf": torch.tensor(0.0)},
     ),
+    "clip-coef-grad-scale": (
+        {"amsgrad": True},
+        {"amsgrad": True, "grad_scale": torch.tensor(4.0), "clip_coef": torch.tensor(0.3)},
+    ),
 }
 
 
@@ -249,12 +253,17 @@ def _sum_step(x, *, net, opt):
         ("FusedAdamW", F32, {"weight_decay": 0.1, "amsgrad": True}),
         ("FusedAdam", F32, {"weight_decay": 0.05}),
         ("FusedAdamW", BF16, {"weight_decay": 0.1, "master_weights": True}),
+        ("FusedAdamW", F32, {"weight_decay": 0.1, "max_grad_norm": 0.5}),
+        ("FusedAdam", BF16, {"master_weights": True, "max_grad_norm": 0.5, "norm_type": "inf"}),
     ],
 )
 def test_xla_trace_with_fused_adam_matches_eager(cls, dtype, options):
     """Parameters, optimizer state (FusedAdam's layout, master copies included) after three
     steps. The loss is linear in the parameters and the batch one row, so bf16 gradients are
-    exact and the two updates differ by fp32 rounding only."""
+    exact and the two updates differ by fp32 rounding only. With max_grad_norm the gradients
+    (norms of about 3 and more) are clipped inside the traced step as in eager's."""
+    if options.get("norm_type") == "inf":
+        options = {**options, "norm_type": float("inf")}
     from fusedops import optim
 
     torch.manual_seed(0)

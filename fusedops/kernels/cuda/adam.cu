@@ -4,12 +4,12 @@
 // chunk. When a table is full it is launched and refilled; a tensor whose chunks do not all fit
 // continues in slot 0 of the next table. Same math as kernels/triton/adam.py, in fp32:
 //
-//   g = grad / grad_scale (stored back);  g = -g if maximize
+//   g = grad / grad_scale (stored back);  g = g * clip_coef;  g = -g if maximize
 //   p = p * (1 - lr * wd) if decoupled, else g = g + wd * p     (only when wd != 0)
 //   m = m + (1 - beta1) * (g - m);  v = beta2 * v + (1 - beta2) * g * g;  v = max(vmax, v)
 //   p = p - lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 //
-// step, lr (optional), grad_scale and found_inf are read on the device: no host sync. A nonzero
+// step, lr (optional), grad_scale, found_inf and clip_coef are read on the device: no host sync. A nonzero
 // found_inf makes every block return before touching memory.
 //
 // Vector path: when chunk_size % 4 == 0 and every array of the call is aligned to 4 of its
@@ -49,14 +49,15 @@ static_assert(kMaxTensors <= 256, "block_to_tensor is a uint8_t");
 
 // Per-block constants of the update (a block serves one tensor slot).
 struct AdamCoeffs {
-  float lr, step_size, bias_correction2_sqrt, grad_scale;
+  float lr, step_size, bias_correction2_sqrt, grad_scale, clip_coef;
   bool has_grad_scale, has_weight_decay;
 };
 
 // The update of one element, the only copy of the math: the scalar loop passes pointers into the
 // tensors, the vector loop pointers into register packs, so both paths give bit-identical results.
 // master is read and written only if kMaster (param is then only written), max_exp_avg_sq only if
-// kAmsgrad; the grad is stored back, unscaled, only when a grad_scale is given.
+// kAmsgrad; the grad is stored back, unscaled, only when a grad_scale is given (never clipped:
+// clip_coef is 1 without clipping, and x * 1.0f == x exactly).
 template <bool kMaster, bool kAmsgrad, typename P, typename S>
 __device__ __forceinline__ void adam_element(const AdamOptions& opt, const AdamCoeffs& c,
                                              P* grad, P* param, float* master, S* exp_avg,
@@ -66,6 +67,7 @@ __device__ __forceinline__ void adam_element(const AdamOptions& opt, const AdamC
     g = g / c.grad_scale;
     *grad = from_float<P>(g);
   }
+  g = g * c.clip_coef;
   if (opt.maximize) g = -g;
   float p = kMaster ? *master : to_float(*param);
   if (c.has_weight_decay) {
@@ -133,6 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   c.step_size = c.lr / bias_correction1;
   c.has_grad_scale = opt.grad_scale != nullptr;
   c.grad_scale = c.has_grad_scale ? *opt.grad_scale : 1.0f;
+  c.clip_coef = opt.clip_coef != nullptr ? *opt.clip_coef : 1.0f;
   c.has_weight_decay = opt.weight_decay != 0.0f;
 
   if constexpr (kVec) {

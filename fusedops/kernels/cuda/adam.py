@@ -29,9 +29,11 @@ def step(
     decoupled,
     grad_scale,
     found_inf,
+    clip_coef=None,
     chunk: int = CHUNK,
 ) -> None:
-    """Adam/AdamW update of a tensor group on CUDA (layout: fusedops.ops.adam), in place."""
+    """Adam/AdamW update of a tensor group on CUDA (layout: fusedops.ops.adam), in place;
+    ``clip_coef`` (0-d float32 on the device, or None) multiplies the unscaled gradient."""
     library().adam_step(
         params,
         grads,
@@ -51,5 +53,6 @@ def step(
         decoupled,
         grad_scale,
         found_inf,
+        clip_coef,
         chunk,
     )

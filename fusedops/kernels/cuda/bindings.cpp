@@ -382,7 +382,8 @@ void adam_step(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                const std::optional<at::Tensor>& lr_tensor, double lr, double beta1, double beta2,
                double eps, double weight_decay, bool amsgrad, bool maximize, bool decoupled,
                const std::optional<at::Tensor>& grad_scale,
-               const std::optional<at::Tensor>& found_inf, int64_t chunk_size) {
+               const std::optional<at::Tensor>& found_inf,
+               const std::optional<at::Tensor>& clip_coef, int64_t chunk_size) {
   if (params.empty()) return;
   const at::Tensor& first = params[0];
   const at::ScalarType param_type = first.scalar_type();
@@ -423,6 +424,7 @@ void adam_step(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   options.decoupled = decoupled;
   options.grad_scale = adam_scalar(grad_scale, "grad_scale", first);
   options.found_inf = adam_scalar(found_inf, "found_inf", first);
+  options.clip_coef = adam_scalar(clip_coef, "clip_coef", first);
   c10::cuda::CUDAGuard guard(first.device());
   check_launch(fusedops::adam_multi_tensor(
                    static_cast<int64_t>(params.size()), param_ptrs.data(), grad_ptrs.data(),
@@ -759,7 +761,7 @@ TORCH_LIBRARY(fusedops_cuda, m) {
       "Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] masters, "
       "Tensor(g!)[] steps, Tensor? lr_tensor, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool amsgrad, bool maximize, bool decoupled, Tensor? grad_scale, "
-      "Tensor? found_inf, int chunk_size) -> ()");
+      "Tensor? found_inf, Tensor? clip_coef, int chunk_size) -> ()");
   m.def(
       "bias_dropout_add_forward(Tensor src, Tensor? bias, Tensor? residual, Tensor(a!) out, "
       "Tensor? seed, int threshold, float scale, int mode) -> ()");

@@ -59,6 +59,8 @@ struct AdamOptions {
   bool amsgrad, maximize, decoupled;  // decoupled: AdamW's weight decay
   const float* grad_scale;  // float32 device scalar or null: grads are divided by it (stored)
   const float* found_inf;   // float32 device scalar or null: nonzero -> nothing is written
+  const float* clip_coef;   // float32 device scalar or null: the unscaled grad is multiplied by
+                            // it in the update (gradient clipping; the stored grad is not)
 };
 cudaError_t adam_multi_tensor(int64_t n, void* const* params, void* const* grads,
                               void* const* exp_avgs, void* const* exp_avg_sqs,

@@ -64,15 +64,19 @@ def _round(x, dtype: tl.constexpr, EMULATE_RTNE: tl.constexpr):
 def _adam_block(
     offsets, mask, param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, max_ptr, master_ptr,
     lr, step_size, bias_correction2_sqrt, beta1, beta2, eps, weight_decay, grad_scale_ptr,
-    PARAM_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr, AMSGRAD: tl.constexpr,
+    clip_coef, PARAM_DTYPE: tl.constexpr, STATE_DTYPE: tl.constexpr, AMSGRAD: tl.constexpr,
     MAXIMIZE: tl.constexpr, DECOUPLED: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
-    HAS_MASTER: tl.constexpr, HAS_GRAD_SCALE: tl.constexpr, EMULATE_RTNE: tl.constexpr,
+    HAS_MASTER: tl.constexpr, HAS_GRAD_SCALE: tl.constexpr, HAS_CLIP: tl.constexpr,
+    EMULATE_RTNE: tl.constexpr,
 ):  # fmt: skip
-    """The update of the elements at ``offsets`` (mask None: every one is in bounds)."""
+    """The update of the elements at ``offsets`` (mask None: every one is in bounds); the
+    gradient written back (unscaled) is never clipped."""
     g = tl.load(grad_ptr + offsets, mask=mask).to(tl.float32)
     if HAS_GRAD_SCALE:
         g = g / tl.load(grad_scale_ptr)
         tl.store(grad_ptr + offsets, _round(g, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
+    if HAS_CLIP:
+        g = g * clip_coef
     if MAXIMIZE:
         g = -g
     if HAS_MASTER:
@@ -124,6 +128,7 @@ def _adam_kernel(
     weight_decay,
     grad_scale_ptr,
     found_inf_ptr,
+    clip_coef_ptr,
     PARAM_DTYPE: tl.constexpr,
     STATE_DTYPE: tl.constexpr,
     AMSGRAD: tl.constexpr,
@@ -134,6 +139,7 @@ def _adam_kernel(
     LR_ON_DEVICE: tl.constexpr,
     HAS_GRAD_SCALE: tl.constexpr,
     HAS_FOUND_INF: tl.constexpr,
+    HAS_CLIP: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
     ALIGNED: tl.constexpr,
@@ -158,6 +164,9 @@ def _adam_kernel(
     bias_correction1 = 1.0 - tl.exp(step * tl.log(beta1))
     bias_correction2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
     step_size = lr / bias_correction1
+    clip_coef = 1.0
+    if HAS_CLIP:
+        clip_coef = tl.load(clip_coef_ptr)
     # found_inf: the chunk is empty, so nothing is read or written.
     live = numel
     if HAS_FOUND_INF:
@@ -172,16 +181,17 @@ def _adam_kernel(
         _adam_block(
             offsets, None, param_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, max_ptr,
             master_ptr, lr, step_size, bias_correction2_sqrt, beta1, beta2, eps, weight_decay,
-            grad_scale_ptr, PARAM_DTYPE, STATE_DTYPE, AMSGRAD, MAXIMIZE, DECOUPLED,
-            HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, EMULATE_RTNE,
+            grad_scale_ptr, clip_coef, PARAM_DTYPE, STATE_DTYPE, AMSGRAD, MAXIMIZE, DECOUPLED,
+            HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, HAS_CLIP, EMULATE_RTNE,
         )  # fmt: skip
     if full < chunk_len:
         offsets = chunk_start + full + tl.arange(0, BLOCK)
         _adam_block(
             offsets, offsets < chunk_start + chunk_len, param_ptr, grad_ptr, exp_avg_ptr,
             exp_avg_sq_ptr, max_ptr, master_ptr, lr, step_size, bias_correction2_sqrt, beta1,
-            beta2, eps, weight_decay, grad_scale_ptr, PARAM_DTYPE, STATE_DTYPE, AMSGRAD,
-            MAXIMIZE, DECOUPLED, HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, EMULATE_RTNE,
+            beta2, eps, weight_decay, grad_scale_ptr, clip_coef, PARAM_DTYPE, STATE_DTYPE,
+            AMSGRAD, MAXIMIZE, DECOUPLED, HAS_WEIGHT_DECAY, HAS_MASTER, HAS_GRAD_SCALE, HAS_CLIP,
+            EMULATE_RTNE,
         )  # fmt: skip
 
 
@@ -329,12 +339,14 @@ def step(
     decoupled,
     grad_scale,
     found_inf,
+    clip_coef=None,
     chunk: int | None = None,
     block: int | None = None,
     max_tensors: int = MAX_TENSORS,
     max_chunks: int = MAX_CHUNKS,
 ) -> None:
-    """Adam/AdamW update of a tensor group (layout: fusedops.ops.adam), one launch per table.
+    """Adam/AdamW update of a tensor group (layout: fusedops.ops.adam), one launch per table;
+    ``clip_coef`` (0-d float32 on the device, or None) multiplies the unscaled gradient.
 
     chunk/block (elements per program / per iteration; chunk a multiple of block) and the
     table capacities default to the module constants (smaller chunks under the interpreter).
@@ -358,6 +370,7 @@ def step(
             weight_decay,
             grad_scale if grad_scale is not None else dummy,
             found_inf if found_inf is not None else dummy,
+            clip_coef if clip_coef is not None else dummy,
             PARAM_DTYPE=_TL_DTYPES[params[0].dtype],
             STATE_DTYPE=_TL_DTYPES[exp_avgs[0].dtype],
             AMSGRAD=amsgrad,
@@ -368,6 +381,7 @@ def step(
             LR_ON_DEVICE=lr_tensor is not None,
             HAS_GRAD_SCALE=grad_scale is not None,
             HAS_FOUND_INF=found_inf is not None,
+            HAS_CLIP=clip_coef is not None,
             CHUNK=chunk,
             BLOCK=block,
             ALIGNED=aligned,

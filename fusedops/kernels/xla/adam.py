@@ -6,7 +6,9 @@ into an ``auto_functionalized`` node; ``fusedops.xla.lower`` runs this lowering 
 writes what it returns back as the new values of the mutated lists. Same math and dtypes as
 ``fusedops.ops.adam``'s reference: fp32 (fp64 for fp64 params) whatever the stored dtypes, the
 update computed on the master copies when there are any, nothing written where ``found_inf``
-is set, and the steps advanced by one (not where ``found_inf`` is set).
+is set, the gradient multiplied by ``clip_coef`` inside the update (gradient clipping; the
+gradients themselves are not clipped), and the steps advanced by one (not where ``found_inf``
+is set).
 
 ``xla_trace`` does not need this op: it turns ``opt.step()`` of FusedAdam/FusedAdamW into the
 same functional math (``fusedops.xla.optim_math``).
@@ -23,11 +25,13 @@ fusedops = torch.ops.fusedops
 
 
 def _update_one(p, g, m, v, v_max, step, *, rate, beta1, beta2, eps, weight_decay, amsgrad,
-                maximize, decoupled, grad_scale):  # fmt: skip
+                maximize, decoupled, grad_scale, clip_coef):  # fmt: skip
     """One tensor's new (p, m, v, v_max or None, unscaled grad or None), in the compute dtype."""
     if grad_scale is not None:
         g = g / grad_scale.astype(g.dtype)
     unscaled = g if grad_scale is not None else None
+    if clip_coef is not None:
+        g = g * clip_coef.astype(g.dtype)
     if maximize:
         g = -g
     if weight_decay != 0:
@@ -49,7 +53,7 @@ def _update_one(p, g, m, v, v_max, step, *, rate, beta1, beta2, eps, weight_deca
 def adam_step(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
     beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-    backend=None,
+    clip_coef=None, backend=None,
 ) -> dict:  # fmt: skip
     """New values of the lists ``adam_step`` writes (name -> list of arrays, stored dtypes)."""
     skip = None if found_inf is None else found_inf != 0
@@ -66,6 +70,7 @@ def adam_step(
             exp_avg_sqs[i].astype(compute), v_max, new["steps"][i].astype(compute),
             rate=rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
             amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, grad_scale=grad_scale,
+            clip_coef=clip_coef,
         )  # fmt: skip
         writes = [("params", param, p), ("exp_avgs", exp_avgs[i], m)]
         writes.append(("exp_avg_sqs", exp_avg_sqs[i], v))

@@ -31,6 +31,7 @@ _ATTRIBUTES = {
     "nms_normal": "fusedops.ops.nms",
     "soft_nms": "fusedops.ops.nms",
     "batched_soft_nms": "fusedops.ops.nms",
+    "deform_conv2d": "fusedops.ops.deform_conv2d",
 }
 _SUBMODULES = (
     "dispatch",

@@ -1,0 +1,207 @@
+"""deform_conv2d (DCNv1/DCNv2) against a float64 oracle written here from the definition, every
+backend available, forward and the five gradients (input, offset, mask, weight, bias).
+
+The oracle is a plain loop over (image, offset group, kernel point, output pixel) sampling one
+group's channels bilinearly with torchvision's corner rules; its gradients come from autograd
+through that loop (``floor`` contributes nothing, so d/dy of the fraction is 1). Shapes are tiny:
+Triton runs under the CPU interpreter here. Tolerances: ``fusedops.testing``'s per-dtype table
+scaled by the number of terms each result sums.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fusedops
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    poisoned_outputs,
+    random_tensor,
+)
+
+DEVICE = device_under_test()
+BACKENDS = [*backends_under_test(), "native"]
+F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------ oracle
+def _bilinear(img, y, x):
+    """img (Cg, H, W) float64 sampled at scalar tensors (y, x): 0 outside (-1, H) x (-1, W),
+    else the corners inside the image weighted bilinearly."""
+    _, h, w = img.shape
+    yf, xf = float(y.detach()), float(x.detach())
+    if yf <= -1 or yf >= h or xf <= -1 or xf >= w:
+        return img.new_zeros(img.shape[0])
+    y0, x0 = math.floor(yf), math.floor(xf)
+    fy, fx = y - y0, x - x0
+    total = img.new_zeros(img.shape[0])
+    for yy, wy in ((y0, 1 - fy), (y0 + 1, fy)):
+        for xx, wx in ((x0, 1 - fx), (x0 + 1, fx)):
+            if 0 <= yy < h and 0 <= xx < w:
+                total = total + wy * wx * img[:, yy, xx]
+    return total
+
+
+def oracle(input, offset, weight, bias, stride, padding, dilation, mask):
+    """The definition, in float64 with loops; differentiable through autograd."""
+    b, cin, h, w = input.shape
+    cout, cin_g, kh, kw = weight.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    h_out, w_out = offset.shape[2:]
+    groups = offset.shape[1] // (2 * kh * kw)
+    cg = cin // groups
+    columns = []  # per image: (C_in, kh, kw, H_out, W_out)
+    for n in range(b):
+        per_group = []
+        for g in range(groups):
+            points = []
+            for i in range(kh):
+                for j in range(kw):
+                    k = g * kh * kw + i * kw + j
+                    pixels = []
+                    for oy in range(h_out):
+                        for ox in range(w_out):
+                            y = oy * sh - ph + i * dh + offset[n, 2 * k, oy, ox]
+                            x = ox * sw - pw + j * dw + offset[n, 2 * k + 1, oy, ox]
+                            v = _bilinear(input[n, g * cg : (g + 1) * cg], y, x)
+                            if mask is not None:
+                                v = v * mask[n, k, oy, ox]
+                            pixels.append(v)
+                    points.append(torch.stack(pixels, dim=-1))  # (Cg, L)
+            per_group.append(torch.stack(points, dim=1))  # (Cg, K, L)
+        columns.append(torch.cat(per_group, dim=0))  # (C_in, K, L)
+    cols = torch.stack(columns)  # (B, C_in, K, L)
+    wg = cin // cin_g
+    cols = cols.reshape(b, wg, cin_g * kh * kw, h_out * w_out)
+    wmat = weight.reshape(wg, cout // wg, cin_g * kh * kw)
+    out = torch.einsum("gok,bgkl->bgol", wmat, cols).reshape(b, cout, h_out, w_out)
+    if bias is not None:
+        out = out + bias[:, None, None]
+    return out
+
+
+# ------------------------------------------------------------------------------------ cases
+# (B, C_in, H, W, C_out, (kh, kw), stride, padding, dilation, offset groups, weight groups,
+#  mask, bias, offset range, dtype)
+CASES = [
+    (2, 4, 5, 6, 3, (3, 3), 1, 1, 1, 1, 1, True, True, 2.0, F32),  # rectangular, DCNv2
+    (1, 4, 6, 5, 4, (3, 2), (2, 1), (1, 0), (1, 2), 2, 2, True, False, 1.5, F32),
+    (2, 2, 4, 4, 2, (1, 1), 1, 0, 1, 1, 1, False, True, 1.0, F32),  # 1x1 kernel, DCNv1
+    (1, 6, 5, 4, 6, (2, 2), 2, 2, 2, 3, 3, True, True, 4.0, F32),  # samples far outside
+    (1, 4, 4, 5, 2, (3, 3), 1, 1, 1, 2, 1, True, True, 1.0, F16),
+    (1, 4, 5, 4, 4, (3, 3), 1, 1, 1, 1, 2, False, True, 1.0, BF16),
+    (1, 2, 4, 4, 2, (2, 2), 1, 0, 1, 1, 1, True, True, 2.0, F64),
+]
+
+
+def _case_id(case):
+    b, cin, h, w, cout, k, s, p, d, g, wg, m, bias, r, dtype = case
+    return (
+        f"B{b}-C{cin}-{h}x{w}-O{cout}-k{k[0]}x{k[1]}-s{s}-p{p}-d{d}-G{g}-wg{wg}"
+        f"-{'mask' if m else 'nomask'}-{'bias' if bias else 'nobias'}-{str(dtype)[6:]}"
+    )
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else v
+
+
+def _inputs(case):
+    b, cin, h, w, cout, (kh, kw), s, p, d, g, wg, has_mask, has_bias, spread, dtype = case
+    s, p, d = _pair(s), _pair(p), _pair(d)
+    h_out = (h + 2 * p[0] - (d[0] * (kh - 1) + 1)) // s[0] + 1
+    w_out = (w + 2 * p[1] - (d[1] * (kw - 1) + 1)) // s[1] + 1
+
+    def r(shape, low=-1.0, high=1.0):
+        return random_tensor(shape, dtype, DEVICE, low=low, high=high)
+
+    offset = r((b, 2 * g * kh * kw, h_out, w_out), -spread, spread)
+    # a few samples exactly on the edges (-1, 0, H-1, integer offsets) where the corner rules bite
+    offset.view(-1)[::7] = offset.view(-1)[::7].round()
+    tensors = {
+        "input": r((b, cin, h, w)),
+        "offset": offset,
+        "weight": r((cout, cin // wg, kh, kw)),
+        "bias": r((cout,)) if has_bias else None,
+        "mask": r((b, g * kh * kw, h_out, w_out), 0.0, 1.0) if has_mask else None,
+    }
+    return tensors, {"stride": s, "padding": p, "dilation": d}
+
+
+def _terms(case) -> dict[str, float]:
+    """How many products each result sums (the tolerance scale for a 16/32-bit result)."""
+    b, cin, h, w, cout, (kh, kw), _, _, _, g, wg, *_ = case
+    per_output = cin // wg * kh * kw
+    return {
+        "out": per_output,
+        "input": cout // wg * kh * kw * 4,
+        "offset": cout // wg * cin // g * 4,
+        "mask": cout // wg * cin // g,
+        "weight": b * h * w,
+        "bias": b * h * w,
+    }
+
+
+def _run(tensors, geometry, backend, deterministic=None):
+    leaves = {
+        k: (v.detach().clone().requires_grad_() if v is not None else None)
+        for k, v in tensors.items()
+    }
+    out = fusedops.deform_conv2d(
+        leaves["input"],
+        leaves["offset"],
+        leaves["weight"],
+        leaves["bias"],
+        mask=leaves["mask"],
+        backend=backend,
+        deterministic=deterministic,
+        **geometry,
+    )
+    return out, leaves
+
+
+def _expected(tensors, geometry, dout):
+    leaves = {
+        k: (v.detach().double().requires_grad_() if v is not None else None)
+        for k, v in tensors.items()
+    }
+    out = oracle(
+        leaves["input"],
+        leaves["offset"],
+        leaves["weight"],
+        leaves["bias"],
+        geometry["stride"],
+        geometry["padding"],
+        geometry["dilation"],
+        leaves["mask"],
+    )
+    out.backward(dout.double())
+    return out, leaves
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_matches_oracle(case, backend):
+    dtype = case[-1]
+    if dtype == F64 and backend in ("triton", "cuda"):
+        pytest.skip("the kernels take 16/32-bit floats; fp64 runs on reference and native")
+    tensors, geometry = _inputs(case)
+    with poisoned_outputs():
+        out, leaves = _run(tensors, geometry, backend)
+        dout = random_tensor(out.shape, dtype, DEVICE, low=-1.0, high=1.0)
+        out.backward(dout)
+    want, want_leaves = _expected(tensors, geometry, dout)
+    terms = _terms(case)
+    assert out.dtype == dtype and out.device == tensors["input"].device
+    assert_close(out, want, scale=terms["out"], msg="output")
+    for name, leaf in leaves.items():
+        if leaf is None:
+            continue
+        assert leaf.grad is not None, f"no gradient for {name}"
+        assert leaf.grad.dtype == leaf.dtype
+        assert_close(leaf.grad, want_leaves[name].grad, scale=terms[name], msg=f"grad {name}")

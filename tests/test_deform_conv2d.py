@@ -184,15 +184,23 @@ def _expected(tensors, geometry, dout):
     return out, leaves
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_matches_oracle(case, backend):
+KERNELS = [b for b in BACKENDS if b in ("triton", "cuda")]
+#: (case, backend): fp64 runs on the reference and native backends only (test_kernels_refuse_fp64)
+PAIRS = [
+    pytest.param(case, backend, id=f"{_case_id(case)}-{backend}")
+    for case in CASES
+    for backend in BACKENDS
+    if case[-1] != F64 or backend not in KERNELS
+]
+
+
+@pytest.mark.parametrize(("case", "backend"), PAIRS)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_matches_oracle(case, backend, deterministic):
     dtype = case[-1]
-    if dtype == F64 and backend in ("triton", "cuda"):
-        pytest.skip("the kernels take 16/32-bit floats; fp64 runs on reference and native")
     tensors, geometry = _inputs(case)
     with poisoned_outputs():
-        out, leaves = _run(tensors, geometry, backend)
+        out, leaves = _run(tensors, geometry, backend, deterministic)
         dout = random_tensor(out.shape, dtype, DEVICE, low=-1.0, high=1.0)
         out.backward(dout)
     want, want_leaves = _expected(tensors, geometry, dout)
@@ -205,3 +213,84 @@ def test_matches_oracle(case, backend):
         assert leaf.grad is not None, f"no gradient for {name}"
         assert leaf.grad.dtype == leaf.dtype
         assert_close(leaf.grad, want_leaves[name].grad, scale=terms[name], msg=f"grad {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deterministic_input_gradient_is_bitwise_repeatable(backend):
+    """Many samples landing on few pixels (large offsets): two deterministic backward passes
+    give identical bits, and match the atomic pass within tolerance."""
+    case = (2, 4, 4, 4, 4, (3, 3), 1, 1, 1, 2, 1, True, True, 3.0, F32)
+    tensors, geometry = _inputs(case)
+    dout = random_tensor((2, 4, 4, 4), F32, DEVICE)
+    grads = []
+    for deterministic in (True, True, False):
+        out, leaves = _run(tensors, geometry, backend, deterministic)
+        out.backward(dout)
+        grads.append(leaves["input"].grad)
+    assert torch.equal(grads[0], grads[1])
+    assert_close(grads[2], grads[0], scale=_terms(case)["input"])
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # deterministic=None follows torch's flag
+    try:
+        out, leaves = _run(tensors, geometry, backend)
+        out.backward(dout)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(leaves["input"].grad, grads[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_empty_batch(backend, deterministic):
+    case = (0, 4, 5, 6, 2, (3, 3), 1, 1, 1, 2, 2, True, True, 1.0, F32)
+    tensors, geometry = _inputs(case)
+    out, leaves = _run(tensors, geometry, backend, deterministic)
+    assert out.shape == (0, 2, 5, 6)
+    out.sum().backward()
+    for name, leaf in leaves.items():
+        assert leaf.grad.shape == leaf.shape and not leaf.grad.any(), name
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+def test_kernels_refuse_fp64(backend):
+    tensors, geometry = _inputs(CASES[-1])
+    with pytest.raises(fusedops.BackendUnavailableError, match="float64"):
+        _run(tensors, geometry, backend)
+
+
+def _bad(**changes):
+    """Arguments of a valid call (B=2, C_in=4, 5x5, 3x3 kernel, padding 1, 2 offset groups)
+    with ``changes`` applied."""
+    args = {
+        "input": torch.rand(2, 4, 5, 5, device=DEVICE),
+        "offset": torch.rand(2, 36, 5, 5, device=DEVICE),
+        "weight": torch.rand(3, 4, 3, 3, device=DEVICE),
+        "bias": torch.rand(3, device=DEVICE),
+        "padding": 1,
+        "mask": torch.rand(2, 18, 5, 5, device=DEVICE),
+    }
+    args.update(changes)
+    return args
+
+
+BAD = {
+    "offset": _bad(offset=torch.rand(2, 35, 5, 5, device=DEVICE)),
+    "offset ": _bad(offset=torch.rand(2, 36, 4, 5, device=DEVICE)),  # wrong output size
+    "offset  ": _bad(offset=torch.rand(2, 54, 5, 5, device=DEVICE)),  # 3 groups of 4 channels
+    "mask": _bad(mask=torch.rand(2, 9, 5, 5, device=DEVICE)),
+    "weight": _bad(weight=torch.rand(3, 3, 3, 3, device=DEVICE)),
+    "bias": _bad(bias=torch.rand(4, device=DEVICE)),
+    "input": _bad(input=torch.rand(4, 5, 5, device=DEVICE)),
+    "padding": _bad(padding=-1),
+    "stride": _bad(stride=(1, 0)),
+    "dilation": _bad(dilation=(1, 2, 3)),
+    "mask has dtype": _bad(mask=torch.rand(2, 18, 5, 5, device=DEVICE, dtype=F64)),
+    "weight has dtype": _bad(weight=torch.rand(3, 4, 3, 3, device=DEVICE, dtype=F16)),
+    "offset is on meta": _bad(offset=torch.rand(2, 36, 5, 5, device="meta")),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_arguments_name_the_argument(name):
+    with pytest.raises((ValueError, TypeError), match=name.strip()):
+        fusedops.deform_conv2d(**BAD[name], backend="reference")

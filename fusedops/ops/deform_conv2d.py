@@ -103,7 +103,7 @@ def _geometry(input, offset, mask, weight, stride, padding, dilation):
     corners = _corners(input.shape, offset, kh, kw, stride, padding, dilation, c)
     m = None
     if mask is not None:
-        m = mask.to(c).reshape(b, groups, 1, kh * kw, -1)
+        m = mask.to(c).reshape(b, groups, 1, kh * kw, mask.shape[2] * mask.shape[3])
     return c, flat, corners, m
 
 

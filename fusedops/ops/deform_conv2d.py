@@ -280,17 +280,16 @@ def _backward_body(
         deterministic,
     )
     # custom ops return tensors only: an absent gradient travels as an empty tensor
-    empty = input.new_empty((0,))
-    return gi, go, gm if gm is not None else empty, gw, gb if gb is not None else empty
+    gm = gm if gm is not None else input.new_empty((0,))
+    return gi, go, gm, gw, gb if gb is not None else input.new_empty((0,))
 
 
 def _backward_fake(grad, input, offset, mask, weight, bias, *rest):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
-    empty = input.new_empty((0,))
-    gm = like(mask) if mask is not None else empty
-    gb = like(bias) if bias is not None else empty
+    gm = like(mask) if mask is not None else input.new_empty((0,))
+    gb = like(bias) if bias is not None else input.new_empty((0,))
     return like(input), like(offset), gm, like(weight), gb
 
 

@@ -294,3 +294,44 @@ BAD = {
 def test_bad_arguments_name_the_argument(name):
     with pytest.raises((ValueError, TypeError), match=name.strip()):
         fusedops.deform_conv2d(**BAD[name], backend="reference")
+
+
+# ------------------------------------------------------------------------------------ modules
+def test_dcn_state_dict_and_fresh_module_is_a_half_weighted_convolution():
+    """DCNv2 package layout; zero conv_offset_mask: zero offsets, mask sigmoid(0) = 0.5."""
+    from fusedops.nn import DCN
+
+    module = DCN(4, 6, 3, stride=2, padding=1, deformable_groups=2).to(DEVICE)
+    assert set(module.state_dict()) == {
+        "weight", "bias", "conv_offset_mask.weight", "conv_offset_mask.bias",
+    }  # fmt: skip
+    assert module.conv_offset_mask.weight.shape == (2 * 3 * 9, 4, 3, 3)
+    assert not module.conv_offset_mask.weight.any() and not module.bias.any()
+    with torch.no_grad():
+        module.bias.copy_(random_tensor((6,), F32, DEVICE))
+    x = random_tensor((2, 4, 7, 6), F32, DEVICE)
+    plain = torch.nn.functional.conv2d(x, module.weight * 0.5, module.bias, stride=2, padding=1)
+    assert_close(module(x), plain, scale=4 * 9)
+
+
+def test_dcn_matches_the_oracle_with_learned_offsets():
+    from fusedops.nn import DCN, DCNv2
+
+    module = DCN(4, 3, (3, 2), stride=1, padding=(1, 0), bias=False).to(DEVICE)
+    assert module.bias is None and "bias" not in module.state_dict()
+    with torch.no_grad():
+        module.conv_offset_mask.weight.copy_(
+            random_tensor((18, 4, 3, 2), F32, DEVICE, low=-0.5, high=0.5)
+        )
+    x = random_tensor((2, 4, 5, 4), F32, DEVICE, low=-1.0, high=1.0).requires_grad_()
+    out = module(x)
+    o1, o2, m = torch.chunk(module.conv_offset_mask(x), 3, dim=1)
+    offset, mask = torch.cat((o1, o2), dim=1), torch.sigmoid(m)
+    args = [t.detach().double() for t in (x, offset, module.weight, mask)]
+    want = oracle(args[0], args[1], args[2], None, (1, 1), (1, 0), (1, 1), args[3])
+    assert_close(out, want, scale=4 * 6)
+    out.sum().backward()
+    assert module.weight.grad is not None and module.conv_offset_mask.weight.grad.any()
+    plain = DCNv2(4, 3, (3, 2), 1, (1, 0), bias=False).to(DEVICE)
+    plain.weight.data.copy_(module.weight.data)
+    assert torch.equal(plain(x, offset, mask), out)

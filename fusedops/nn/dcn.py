@@ -78,21 +78,10 @@ class DCN(DCNv2):
     chunk(conv_offset_mask(input), 3, dim=1)``, offset ``cat(o1, o2)``, mask ``sigmoid(m)``.
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size,
-        stride,
-        padding,
-        dilation=1,
-        deformable_groups: int = 1,
-        bias: bool = True,
-    ):
-        super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation,
-            deformable_groups, bias,
-        )  # fmt: skip
+    def __init__(self, *args, **kwargs):
+        # DCNv2's arguments: (in_channels, out_channels, kernel_size, stride, padding,
+        # dilation=1, deformable_groups=1, bias=True)
+        super().__init__(*args, **kwargs)
         channels = self.deformable_groups * 3 * self.kernel_size[0] * self.kernel_size[1]
         self.conv_offset_mask = nn.Conv2d(
             self.in_channels,

@@ -111,6 +111,16 @@ def backends_under_test() -> list[str]:
     return backends
 
 
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write ``files`` (relative path -> text) under ``root`` (stand-in packages for hook
+    tests); returns ``root``."""
+    for name, text in files.items():
+        path = Path(root) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Path(root)
+
+
 def autohooks_installed() -> bool:
     """Whether this interpreter's site-packages hold fusedops_hooks.pth (installed package)."""
     import site

@@ -30,7 +30,7 @@ without a mask, grad_bias None without a bias), stride/padding/dilation ``(h, w)
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 from types import SimpleNamespace
 
 import torch
@@ -170,8 +170,20 @@ def _ref_backward(
 reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
 
 # ------------------------------------------------------------------------------------------
-# Native: torchvision.ops.deform_conv2d where torchvision is importable (16-bit inputs run in
-# fp32: torchvision's kernels take float, double and, on CUDA, half only).
+# Native: torchvision's deform_conv2d op where torchvision (with its compiled ops) is importable,
+# else the reference. Called as ``torch.ops.torchvision.deform_conv2d`` so that the "dcn" hook,
+# which replaces ``torchvision.ops.deform_conv2d`` by fusedops', never loops back here. 16-bit
+# inputs run in fp32: torchvision's kernels take float, double and, on CUDA, half only.
+
+
+@functools.cache
+def _torchvision_op():
+    try:
+        import torchvision  # noqa: F401  (loads torch.ops.torchvision)
+
+        return torch.ops.torchvision.deform_conv2d
+    except (ImportError, AttributeError, RuntimeError):
+        return None
 
 
 def _native_args(input, offset, mask, weight, bias):
@@ -181,38 +193,44 @@ def _native_args(input, offset, mask, weight, bias):
     ]
 
 
-def _native_forward(input, offset, mask, weight, bias, stride, padding, dilation):
-    from torchvision.ops import deform_conv2d as tv_deform_conv2d
+def _torchvision_forward(op, input, offset, mask, weight, bias, stride, padding, dilation):
+    kh, kw = weight.shape[2:]
+    groups = offset.shape[1] // (2 * kh * kw)
+    use_mask = mask is not None
+    if mask is None:
+        mask = input.new_zeros((offset.shape[0], groups * kh * kw, *offset.shape[2:]))
+    if bias is None:
+        bias = input.new_zeros((weight.shape[0],))
+    wg = input.shape[1] // weight.shape[1]
+    return op(input, weight, offset, mask, bias, *stride, *padding, *dilation, wg, groups, use_mask)
 
-    x, o, m, w, b = _native_args(input, offset, mask, weight, bias)
-    out = tv_deform_conv2d(x, o, w, b, stride=stride, padding=padding, dilation=dilation, mask=m)
-    return out.to(input.dtype)
+
+def _native_forward(input, offset, mask, weight, bias, stride, padding, dilation):
+    op = _torchvision_op()
+    if op is None:
+        return _ref_forward(input, offset, mask, weight, bias, stride, padding, dilation)
+    args = _native_args(input, offset, mask, weight, bias)
+    return _torchvision_forward(op, *args, stride, padding, dilation).to(input.dtype)
 
 
 def _native_backward(
     grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
 ):
-    args = [
-        t.detach().requires_grad_() if t is not None else None
-        for t in _native_args(input, offset, mask, weight, bias)
-    ]
+    op = _torchvision_op()
+    if op is None:
+        return _ref_backward(
+            grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
+        )
+    originals = (input, offset, mask, weight, bias)
+    args = [None if t is None else t.detach().requires_grad_() for t in _native_args(*originals)]
     with torch.enable_grad():
-        out = _native_forward(*args, stride, padding, dilation)
+        out = _torchvision_forward(op, *args, stride, padding, dilation)
         leaves = [t for t in args if t is not None]
         found = iter(torch.autograd.grad(out, leaves, grad.to(out.dtype)))
-    gi, go, gm, gw, gb = (next(found) if t is not None else None for t in args)
-    originals = (input, offset, mask, weight, bias)
-    gi, go, gm, gw, gb = (
-        g.to(t.dtype) if g is not None else None for g, t in zip((gi, go, gm, gw, gb), originals)
-    )
-    return gi, go, gm, gw, gb
+    return tuple(None if t is None else next(found).to(t.dtype) for t in originals)
 
 
-native = (
-    SimpleNamespace(forward=_native_forward, backward=_native_backward)
-    if importlib.util.find_spec("torchvision") is not None
-    else None
-)
+native = SimpleNamespace(forward=_native_forward, backward=_native_backward)
 
 dispatch.register_op(
     "deform_conv2d",

@@ -90,8 +90,10 @@ def test_cuda_source_compiles_for_sm80_and_sm90(source, tmp_path):
 @pytest.mark.skipif(
     shutil.which("g++") is None or _cuda_include_dir() is None, reason="needs g++ and CUDA headers"
 )
-def test_bindings_compile_against_torch_headers():
-    """bindings.cpp type-checks against torch's headers (syntax only; it links on a GPU box)."""
+@pytest.mark.parametrize("source", build.binding_sources(), ids=lambda p: p.name)
+def test_bindings_compile_against_torch_headers(source):
+    """bindings.cpp and each op's own <op>_bindings.cpp type-check against torch's headers
+    (syntax only; they link on a GPU box)."""
     import torch.utils.cpp_extension as cpp_extension
 
     with tempfile.TemporaryDirectory() as stub:
@@ -101,6 +103,6 @@ def test_bindings_compile_against_torch_headers():
         macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         includes = [stub, *cpp_extension.include_paths(), _cuda_include_dir()]
         command = ["g++", "-fsyntax-only", "-std=c++20", "-w"]
-        command += [f"-I{path}" for path in includes] + [str(build.binding_source())]
+        command += [f"-I{path}" for path in includes] + [str(source)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -23,6 +23,7 @@ and pixel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -162,3 +163,26 @@ def backward(
     if grad_input.numel():
         kernels.segment_gather(grad_cols, order, coefs, starts, grad_input, geo)
     return grad_input, grad_offset, grad_mask, grad_weight, grad_bias
+
+
+def entry_points(columns, sample_grads, segment_gather):
+    """A backend module's ``forward`` and ``backward`` (the op's backend interface) over its
+    three kernels (signatures in this module's docstring)."""
+    kernels = SimpleNamespace(
+        columns=columns, sample_grads=sample_grads, segment_gather=segment_gather
+    )
+
+    def backend_forward(input, offset, mask, weight, bias, stride, padding, dilation):
+        """deform_conv2d output (B, C_out, H_out, W_out); contiguous CUDA fp16/bf16/fp32."""
+        return forward(kernels, input, offset, mask, weight, bias, stride, padding, dilation)
+
+    def backend_backward(
+        grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
+    ):
+        """(grad_input, grad_offset, grad_mask, grad_weight, grad_bias); see ``backward``."""
+        return backward(
+            kernels, grad, input, offset, mask, weight, bias, stride, padding, dilation,
+            deterministic,
+        )  # fmt: skip
+
+    return backend_forward, backend_backward

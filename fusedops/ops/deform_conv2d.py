@@ -236,7 +236,7 @@ dispatch.register_op(
     "deform_conv2d",
     reference,
     triton_module="fusedops.kernels.triton.deform_conv2d",
-    # No CUDA kernel yet (issue 26 item 5): the Triton kernels run on CUDA tensors.
+    cuda_module="fusedops.kernels.cuda.deform_conv2d",
     native=native,
 )
 

@@ -8,9 +8,6 @@ gradient: one program per (image, offset group, input pixel) and BLOCK_C channel
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-import torch
 import triton
 import triton.language as tl
 
@@ -209,18 +206,5 @@ def _segment_gather(grad_cols, order, coefs, starts, grad_input, geo):
     )  # fmt: skip
 
 
-KERNELS = SimpleNamespace(
-    columns=_columns, sample_grads=_sample_grads, segment_gather=_segment_gather
-)
-
-
-def forward(input, offset, mask, weight, bias, stride, padding, dilation) -> torch.Tensor:
-    """deform_conv2d output (B, C_out, H_out, W_out); contiguous CUDA fp16/bf16/fp32 tensors."""
-    return host.forward(KERNELS, input, offset, mask, weight, bias, stride, padding, dilation)
-
-
-def backward(grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic):
-    """(grad_input, grad_offset, grad_mask, grad_weight, grad_bias); see deform_conv2d_host."""
-    return host.backward(
-        KERNELS, grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
-    )
+#: The op's backend interface (``ops/deform_conv2d.py``) over these kernels.
+forward, backward = host.entry_points(_columns, _sample_grads, _segment_gather)

@@ -1,11 +1,12 @@
-"""deform_conv2d (DCNv2, with mask): fusedops (triton atomic / deterministic) vs torchvision's
-deform_conv2d ("native") and the reference, fwd and fwd+bwd, on CenterNet/DLA-34 and
-ResNet-50-DCN layer shapes, fp32 and bf16.
+"""deform_conv2d (DCNv2, with mask): fusedops (triton and cuda, atomic / deterministic) vs
+torchvision's deform_conv2d ("native") and the reference, fwd and fwd+bwd, on CenterNet/DLA-34
+and ResNet-50-DCN layer shapes, fp32 and bf16.
 
-On CUDA: every provider at the full shapes (goal: triton fwd+bwd >= 1.5x torchvision,
-deterministic within 1.2x of it). On CPU (no GPU): the reference and native rows only, at the
-layer shapes with the batch cut to 1 and the image to a quarter (``--cpu-scale``), time.perf_counter
-medians. Run: ``python benchmarks/bench_dcn.py [--quick]``.
+On CUDA: every provider at the full shapes (the cuda rows where the extension builds; goal:
+triton fwd+bwd >= 1.5x torchvision, deterministic within 1.2x of it). On CPU (no GPU): the
+reference and native rows only, at the layer shapes with the batch cut to 1 and the image to a
+quarter (``--cpu-scale``), time.perf_counter medians. Run:
+``python benchmarks/bench_dcn.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def providers(device):
     if device.type == "cuda":
         rows["fusedops-triton"] = ("triton", False)
         rows["fusedops-triton-det"] = ("triton", True)
+        from fusedops.kernels.cuda import build
+
+        if build.unavailable_reason() is None:  # builds the extension on first use
+            rows["fusedops-cuda"] = ("cuda", False)
+            rows["fusedops-cuda-det"] = ("cuda", True)
     return rows
 
 

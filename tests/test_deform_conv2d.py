@@ -10,8 +10,12 @@ scaled by the number of terms each result sums.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import shutil
+import subprocess
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ import fusedops
 from fusedops.testing import (
     assert_close,
     backends_under_test,
+    cuda_include_dir,
     device_under_test,
     poisoned_outputs,
     random_tensor,
@@ -343,3 +348,119 @@ def test_dcn_matches_the_oracle_with_learned_offsets():
     plain = DCNv2(4, 3, (3, 2), 1, (1, 0), bias=False).to(DEVICE)
     plain.weight.data.copy_(module.weight.data)
     assert torch.equal(plain(x, offset, mask), out)
+
+
+# ------------------------------------------------------------------------ CUDA kernels on CPU
+# deform_conv2d.cu's kernels (the part before its host launchers) compiled by g++ as host code
+# and run as one thread (their grid-stride loops then cover every item), inside the CUDA
+# backend's host steps: the kernels' index arithmetic and math checked on machines without a GPU.
+_HOST_SHIM = """
+#include <cmath>
+#include <cstdint>
+using std::isnan;
+struct HostDim { unsigned x; };
+static const HostDim gridDim{1}, blockDim{1}, blockIdx{0}, threadIdx{0};
+inline float atomicAdd(float* p, float v) { const float old = *p; *p += v; return old; }
+"""
+_HOST_API = """
+}  // namespace (the kernels' anonymous one, left open by the cut)
+}  // namespace fusedops
+namespace fusedops {
+template <typename F> void sized(const int64_t* a, int wide, F f) {
+  const DeformConvGeometry g{a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+                             a[11], a[12], a[13], a[14]};
+  if (wide) f(Sizes<WideDivider>(g)); else f(Sizes<FastDivider>(g));
+}
+}  // namespace fusedops
+using namespace fusedops;
+extern "C" void host_columns(const float* x, const float* off, const float* m, float* cols,
+                             const int64_t* a, int wide) {
+  sized(a, wide, [&](auto s) { columns_kernel<float>(x, off, m, cols, s); });
+}
+extern "C" void host_sample_grads(const float* gc, const float* x, const float* off,
+                                  const float* m, float* go, float* gm, float* gi, int64_t* keys,
+                                  float* coefs, const int64_t* a, int wide) {
+  sized(a, wide, [&](auto s) {
+    if (gi) sample_grads_kernel<float, true>(gc, x, off, m, go, gm, gi, keys, coefs, s);
+    else sample_grads_kernel<float, false>(gc, x, off, m, go, gm, gi, keys, coefs, s);
+  });
+}
+extern "C" void host_segment_gather(const float* gc, const int64_t* order, const float* coefs,
+                                    const int64_t* starts, float* gi, const int64_t* a,
+                                    int wide) {
+  sized(a, wide, [&](auto s) { segment_gather_kernel<float>(gc, order, coefs, starts, gi, s); });
+}
+"""
+_LAUNCHERS_MARK = "// ---- host launchers"
+
+
+@pytest.fixture(scope="module")
+def host_cuda_library(tmp_path_factory):
+    """deform_conv2d.cu's kernels as a host shared library (ctypes)."""
+    include = cuda_include_dir()
+    if shutil.which("g++") is None or include is None:
+        pytest.skip("needs g++ and the CUDA headers")
+    folder = Path(fusedops.__file__).parent / "kernels" / "cuda"
+    kernels = (folder / "deform_conv2d.cu").read_text().split(_LAUNCHERS_MARK)[0]
+    assert "columns_kernel" in kernels and "<<<" not in kernels
+    build = tmp_path_factory.mktemp("dcn_host")
+    (build / "dcn_host.cpp").write_text(_HOST_SHIM + kernels + _HOST_API)
+    library = build / "dcn_host.so"
+    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", "-w", f"-I{include}"]
+    command += [f"-I{folder}", str(build / "dcn_host.cpp"), "-o", str(library)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(library))
+
+
+def _host_kernels(library, wide):
+    """The CUDA backend's three kernels (kernels/cuda/deform_conv2d.py's signatures) on CPU
+    fp32 tensors through the host library."""
+
+    def ptr(t):
+        return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+    def sizes(geo):
+        values = (
+            geo.batch, geo.channels, geo.height, geo.width, geo.offset_groups, geo.kh, geo.kw,
+            geo.h_out, geo.w_out, *geo.stride, *geo.padding, *geo.dilation,
+        )  # fmt: skip
+        return (ctypes.c_int64 * len(values))(*values)
+
+    def columns(cols, input, offset, mask, geo):
+        library.host_columns(ptr(input), ptr(offset), ptr(mask), ptr(cols), sizes(geo), wide)
+
+    def sample_grads(grad_cols, input, offset, mask, geo, grad_offset, grad_mask, grad_input,
+                     keys, coefs):  # fmt: skip
+        tensors = (grad_cols, input, offset, mask, grad_offset, grad_mask, grad_input, keys, coefs)
+        library.host_sample_grads(*map(ptr, tensors), sizes(geo), wide)
+
+    def segment_gather(grad_cols, order, coefs, starts, grad_input, geo):
+        tensors = (grad_cols, order, coefs, starts, grad_input)
+        library.host_segment_gather(*map(ptr, tensors), sizes(geo), wide)
+
+    return columns, sample_grads, segment_gather
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["fast-divider", "wide-divider"])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", [c for c in CASES if c[-1] == F32], ids=_case_id)
+def test_cuda_kernels_as_host_code_match_the_oracle(host_cuda_library, case, deterministic, wide):
+    from fusedops.kernels import deform_conv2d_host as host
+
+    forward, backward = host.entry_points(*_host_kernels(host_cuda_library, wide))
+    tensors, geometry = _inputs(case)
+    tensors = {k: None if v is None else v.cpu() for k, v in tensors.items()}
+    names = ("input", "offset", "mask", "weight", "bias")
+    args = [tensors[k] for k in names] + [geometry[k] for k in ("stride", "padding", "dilation")]
+    out = forward(*args)
+    dout = random_tensor(out.shape, F32, torch.device("cpu"), low=-1.0, high=1.0)
+    grads = dict(zip(names, backward(dout, *args, deterministic)))
+    want, want_leaves = _expected(tensors, geometry, dout)
+    terms = _terms(case)
+    assert_close(out, want, scale=terms["out"], msg="output")
+    for name in names:
+        if tensors[name] is None:
+            assert grads[name] is None, name
+            continue
+        assert_close(grads[name], want_leaves[name].grad, scale=terms[name], msg=f"grad {name}")

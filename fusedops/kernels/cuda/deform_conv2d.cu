@@ -238,6 +238,8 @@ __global__ void segment_gather_kernel(const T* __restrict__ grad_columns,
   }
 }
 
+// ---- host launchers (tests/test_deform_conv2d_cuda_host.py compiles what precedes this line)
+
 // Runs launch(Sizes<FastDivider>) while every dividend fits 31 bits, launch(Sizes<WideDivider>)
 // otherwise.
 template <typename Launch>

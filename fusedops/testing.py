@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -109,6 +110,30 @@ def backends_under_test() -> list[str]:
     if torch.cuda.is_available() and torch.version.cuda is not None:
         backends.append("cuda")
     return backends
+
+
+def cuda_include_dir() -> str | None:
+    """The CUDA toolkit's include folder (beside nvcc's, or /usr/local/cuda*/include), or None
+    (compile checks of the CUDA sources on machines without a GPU)."""
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    candidates += sorted(Path("/usr/local").glob("cuda*/include"))
+    for path in candidates:
+        if (path / "cuda_runtime_api.h").exists():
+            return str(path)
+    return None
+
+
+def write_tree(root: Path, files: dict[str, str]) -> Path:
+    """Write ``files`` (relative path -> text) under ``root`` (stand-in packages for hook
+    tests); returns ``root``."""
+    for name, text in files.items():
+        path = Path(root) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Path(root)
 
 
 def autohooks_installed() -> bool:

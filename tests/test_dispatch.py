@@ -158,6 +158,10 @@ def test_kernel_sources_cover_imports_and_cuda_shared_files():
     assert "_alloc.py" not in triton_nms and "dispatch.py" not in triton_nms
     cuda = names("cuda", "fusedops.kernels.cuda.quick_gelu")
     assert {"kernels/cuda/quick_gelu.cu", "kernels/cuda/bindings.cpp"} <= cuda
+    assert not any(name.endswith("_bindings.cpp") for name in cuda)
+    dcn = names("cuda", "fusedops.kernels.cuda.deform_conv2d")
+    own = {"kernels/cuda/deform_conv2d.cu", "kernels/cuda/deform_conv2d_bindings.cpp"}
+    assert own | {"kernels/cuda/bindings.h", "kernels/deform_conv2d_host.py"} <= dcn
     assert "kernels/device.py" in names("triton", "fusedops.kernels.triton.window_attention")
 
 

@@ -17,7 +17,7 @@ import torch
 import fusedops
 from fusedops import hooks
 from fusedops.hooks import lib_mmcv
-from fusedops.testing import run_python
+from fusedops.testing import run_python, write_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
@@ -168,11 +168,7 @@ for name in got:
 
 
 def _stand_ins(tmp_path: Path) -> Path:
-    for name, text in _STAND_INS.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
+    return write_tree(tmp_path, _STAND_INS)
 
 
 def _python(code: str, tmp_path: Path, **env: str) -> str:

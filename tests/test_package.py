@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fusedops.kernels.cuda import build
-from fusedops.testing import run_python
+from fusedops.testing import cuda_include_dir, run_python
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,18 +65,6 @@ def test_demo_prints_the_table():
         assert re.search(rf"{op} +ran on (reference|triton|cuda)", done.stdout), op
 
 
-def _cuda_include_dir() -> str | None:
-    candidates = []
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(Path(nvcc).resolve().parent.parent / "include")
-    candidates += sorted(Path("/usr/local").glob("cuda*/include"))
-    for path in candidates:
-        if (path / "cuda_runtime_api.h").exists():
-            return str(path)
-    return None
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source", build.kernel_sources(), ids=lambda p: p.name)
 def test_cuda_source_compiles_for_sm80_and_sm90(source, tmp_path):
@@ -88,10 +76,12 @@ def test_cuda_source_compiles_for_sm80_and_sm90(source, tmp_path):
 
 
 @pytest.mark.skipif(
-    shutil.which("g++") is None or _cuda_include_dir() is None, reason="needs g++ and CUDA headers"
+    shutil.which("g++") is None or cuda_include_dir() is None, reason="needs g++ and CUDA headers"
 )
-def test_bindings_compile_against_torch_headers():
-    """bindings.cpp type-checks against torch's headers (syntax only; it links on a GPU box)."""
+@pytest.mark.parametrize("source", build.binding_sources(), ids=lambda p: p.name)
+def test_bindings_compile_against_torch_headers(source):
+    """bindings.cpp and each op's own <op>_bindings.cpp type-check against torch's headers
+    (syntax only; they link on a GPU box)."""
     import torch.utils.cpp_extension as cpp_extension
 
     with tempfile.TemporaryDirectory() as stub:
@@ -99,8 +89,8 @@ def test_bindings_compile_against_torch_headers():
         macros = Path(stub) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
         macros.parent.mkdir(parents=True)
         macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-        includes = [stub, *cpp_extension.include_paths(), _cuda_include_dir()]
+        includes = [stub, *cpp_extension.include_paths(), cuda_include_dir()]
         command = ["g++", "-fsyntax-only", "-std=c++20", "-w"]
-        command += [f"-I{path}" for path in includes] + [str(build.binding_source())]
+        command += [f"-I{path}" for path in includes] + [str(source)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -43,7 +43,12 @@ from fusedops.hooks.lib_torch import (
     enable_fused_rms_norm,
     enable_quick_gelu,
 )
-from fusedops.hooks.lib_torchvision import disable_fused_nms, enable_fused_nms
+from fusedops.hooks.lib_torchvision import (
+    disable_fused_dcn,
+    disable_fused_nms,
+    enable_fused_dcn,
+    enable_fused_nms,
+)
 from fusedops.hooks.lib_transformers import disable_fused_swin, enable_fused_swin
 from fusedops.hooks.machinery import (
     ClassPatches,
@@ -74,6 +79,7 @@ __all__ = [
     "disable",
     "disable_fused_adam",
     "disable_fused_adamw",
+    "disable_fused_dcn",
     "disable_fused_layer_norm",
     "disable_fused_nms",
     "disable_fused_rms_norm",
@@ -83,6 +89,7 @@ __all__ = [
     "enable_from_spec",
     "enable_fused_adam",
     "enable_fused_adamw",
+    "enable_fused_dcn",
     "enable_fused_layer_norm",
     "enable_fused_nms",
     "enable_fused_rms_norm",

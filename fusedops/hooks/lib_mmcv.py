@@ -6,7 +6,12 @@ The replacements keep mmcv's signatures and results: numpy inputs give numpy out
 deprecated ``iou_thr`` (argument or ``nms_cfg`` key) is ``iou_threshold``, with mmcv's warning;
 ``batched_nms(boxes, scores, idxs, nms_cfg, class_agnostic=False)`` runs fusedops for
 ``type="nms"`` and ``"soft_nms"`` on (x1, y1, x2, y2) boxes and calls mmcv's own function for
-anything else. Never imports torch, mmcv or fusedops' ops until a replacement runs.
+anything else.
+
+The "dcn" hook: ``modulated_deform_conv2d`` in ``mmcv.ops.modulated_deform_conv`` (the global
+``ModulatedDeformConv2d.forward`` and ``ModulatedDeformConv2dPack.forward`` call) and in
+``mmcv.ops``, by ``fusedops.deform_conv2d`` (mmcv's offset layout is torchvision's).
+Never imports torch, mmcv or fusedops' ops until a replacement runs.
 """
 
 from __future__ import annotations
@@ -125,3 +130,31 @@ def _mmcv_targets(**_) -> list[Target]:
 
 
 contribute("nms", targets=_mmcv_targets, package="mmcv")
+
+
+def modulated_deform_conv2d(
+    input, offset, mask, weight, bias=None, stride=1, padding=0, dilation=1, groups=1,
+    deform_groups=1,
+):  # fmt: skip
+    """mmcv's ``modulated_deform_conv2d`` on fusedops.deform_conv2d: groups and deform_groups
+    must agree with the weight's and offset's shapes (fusedops reads them from the shapes)."""
+    from fusedops.ops.deform_conv2d import deform_conv2d
+
+    kh, kw = weight.shape[2:]
+    if input.shape[1] != groups * weight.shape[1]:
+        raise ValueError(f"groups={groups} does not match weight {tuple(weight.shape)}")
+    if offset.shape[1] != 2 * deform_groups * kh * kw:
+        raise ValueError(
+            f"deform_groups={deform_groups} does not match offset {tuple(offset.shape)}"
+        )
+    return deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask)
+
+
+def _mmcv_dcn_targets(**_) -> list[Target]:
+    return [
+        Target(module, "modulated_deform_conv2d", lambda original: modulated_deform_conv2d)
+        for module in ("mmcv.ops.modulated_deform_conv", "mmcv.ops")
+    ]
+
+
+contribute("dcn", targets=_mmcv_dcn_targets, package="mmcv")

@@ -3,6 +3,11 @@
 own detection models call) by ``fusedops.nms`` / ``fusedops.batched_nms``: same signatures,
 same results. ``lib_mmcv`` adds mmcv's NMS functions to the same hook.
 
+The "dcn" hook replaces ``torchvision.ops.deform_conv2d`` (and its ``torchvision.ops.deform_conv``
+home, whose global ``DeformConv2d.forward`` calls, so the module runs fusedops too) by
+``fusedops.deform_conv2d``: same signature and semantics. ``lib_mmcv`` adds mmcv's
+``modulated_deform_conv2d`` (what ``ModulatedDeformConv2d`` and its ``Pack`` call).
+
 Enabled before torchvision is imported, the patch lands when ``torchvision.ops`` is imported,
 so ``from torchvision.ops import batched_nms`` in detection code gets fusedops' function.
 Never imports torch or torchvision.
@@ -40,6 +45,35 @@ register_hook(
     Hook("nms", targets=lambda **_: [], nothing_hint="neither torchvision nor mmcv is installed")
 )
 contribute("nms", _torchvision_targets, package="torchvision")
+
+
+#: (module, attribute, replacement) patched by the "dcn" hook in torchvision.
+TORCHVISION_DCN = tuple(
+    (module, "deform_conv2d", "fusedops.ops.deform_conv2d:deform_conv2d")
+    for module in ("torchvision.ops.deform_conv", "torchvision.ops")
+)
+
+
+def _torchvision_dcn_targets(**_) -> list[Target]:
+    return [Target(module, attr, _replacement(fused)) for module, attr, fused in TORCHVISION_DCN]
+
+
+register_hook(
+    Hook("dcn", targets=lambda **_: [], nothing_hint="neither torchvision nor mmcv is installed")
+)
+contribute("dcn", _torchvision_dcn_targets, package="torchvision")
+
+
+def enable_fused_dcn() -> None:
+    """Replace torchvision's ``deform_conv2d`` (so ``DeformConv2d`` too) and mmcv's
+    ``modulated_deform_conv2d`` (so ``ModulatedDeformConv2d`` and ``ModulatedDeformConv2dPack``)
+    by fusedops' deformable convolution, now or when they are imported."""
+    enable("dcn")
+
+
+def disable_fused_dcn() -> None:
+    """Restore the deformable convolutions ``enable_fused_dcn`` replaced."""
+    disable("dcn")
 
 
 def enable_fused_nms() -> None:

@@ -13,8 +13,9 @@ The sources of a kernel backend are:
   under ``fusedops/kernels/`` that it imports; ``fusedops.ops`` modules it imports directly
   (shared geometry, Philox) count too, without their own imports; host plumbing
   (``fusedops/_alloc.py``, ``fusedops/dispatch.py``) does not, since the CPU suite tests it;
-- for CUDA, also the ``.cu`` file named like the module and the extension's shared files
-  (``bindings.cpp``, ``launchers.h``, ``device.cuh``, ``build.py``).
+- for CUDA, also the ``.cu`` file named like the module, its own ``<op>_bindings.cpp`` where
+  it has one, and the extension's shared files (``bindings.cpp``, ``bindings.h``,
+  ``launchers.h``, ``device.cuh``, ``build.py``).
 
 Nothing here imports triton or touches CUDA: modules are found with ``importlib.util`` and read
 as text.
@@ -31,7 +32,7 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 VERIFIED_FILE = Path(__file__).resolve().with_name("verified.json")
-CUDA_SHARED_FILES = ("bindings.cpp", "launchers.h", "device.cuh", "build.py")
+CUDA_SHARED_FILES = ("bindings.cpp", "bindings.h", "launchers.h", "device.cuh", "build.py")
 #: Host-side modules left out of a kernel's sources (tested by the CPU suite on every run).
 HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops.dispatch")
 
@@ -86,9 +87,10 @@ def source_files(backend: str, module: str) -> list[Path]:
     if backend == "cuda":
         folder = _module_file(module).parent
         files.update(folder / name for name in CUDA_SHARED_FILES)
-        cu = _module_file(module).with_suffix(".cu")
-        if cu.exists():
-            files.add(cu)
+        stem = _module_file(module).with_suffix("")
+        for own in (stem.with_suffix(".cu"), stem.with_name(f"{stem.name}_bindings.cpp")):
+            if own.exists():
+                files.add(own)
     return sorted(files)
 
 

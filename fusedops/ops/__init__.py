@@ -12,6 +12,7 @@ OP_MODULES = (
     "window_process",
     "swin_softmax",
     "nms",
+    "deform_conv2d",
 )
 
 

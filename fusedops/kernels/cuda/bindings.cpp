@@ -16,51 +16,19 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "bindings.h"
 #include "launchers.h"
 
 namespace {
 
 using fusedops::DType;
 
-DType dtype_of(at::ScalarType type, const char* name) {
-  switch (type) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      TORCH_CHECK_TYPE(false, name, " has dtype ", type,
-                       "; the CUDA kernels take float32, float16 and bfloat16");
-  }
-}
-
-DType dtype_of(const at::Tensor& t, const char* name) { return dtype_of(t.scalar_type(), name); }
-
-// t: contiguous, on like's device, with like's number of elements and `dtype`.
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& like,
-                 at::ScalarType dtype) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK(t.device() == like.device(), name, " is on ", t.device(), ", expected ",
-              like.device());
-  TORCH_CHECK(t.numel() == like.numel(), name, " has ", t.numel(), " elements, expected ",
-              like.numel());
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " has dtype ", t.scalar_type(), ", expected ",
-                   dtype);
-}
-
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  check_input(t, name, like, like.scalar_type());
-}
-
-void check_launch(cudaError_t status, const char* what) {
-  TORCH_CHECK(status == cudaSuccess, "fusedops CUDA launch failed in ", what, ": ",
-              cudaGetErrorString(status));
-}
-
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+using fusedops::binding::check_input;
+using fusedops::binding::check_launch;
+using fusedops::binding::check_sized;
+using fusedops::binding::const_ptr;
+using fusedops::binding::current_stream;
+using fusedops::binding::dtype_of;
 
 void quick_gelu_forward(const at::Tensor& x, at::Tensor& y) {
   check_input(x, "x", x);
@@ -114,10 +82,6 @@ DType param_dtype_of(const std::optional<at::Tensor>& weight,
     seen = true;
   }
   return type == at::kFloat ? DType::kFloat32 : dtype_of(x, "x");
-}
-
-const void* const_ptr(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? t->const_data_ptr() : nullptr;
 }
 
 at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& options, bool poison) {
@@ -664,16 +628,6 @@ void swin_softmax_backward(const at::Tensor& grad, const at::Tensor& probs, at::
 }
 
 // NMS / soft-NMS (nms.cu): outputs and workspaces are allocated by kernels/cuda/nms.py.
-void check_nms_tensor(const at::Tensor& t, const char* name, int64_t numel,
-                      at::ScalarType dtype, const at::Tensor& boxes) {
-  TORCH_CHECK(t.is_cuda() && t.device() == boxes.device(), name, " must be on ",
-              boxes.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ",
-                   t.scalar_type());
-  TORCH_CHECK(t.numel() == numel, name, " has ", t.numel(), " elements, expected ", numel);
-}
-
 int64_t check_boxes(const at::Tensor& boxes) {
   TORCH_CHECK(boxes.is_cuda(), "boxes must be a CUDA tensor");
   TORCH_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, "boxes must have shape (N, 4)");
@@ -688,12 +642,12 @@ void nms_walk(const at::Tensor& boxes, const std::optional<at::Tensor>& classes,
   const int64_t blocks = (n + 63) / 64;
   TORCH_CHECK(classes.has_value() == col_end.has_value(), "classes and col_end go together");
   if (classes.has_value()) {
-    check_nms_tensor(*classes, "classes", n, at::kLong, boxes);
-    check_nms_tensor(*col_end, "col_end", blocks, at::kLong, boxes);
+    check_sized(*classes, "classes", n, at::kLong, boxes);
+    check_sized(*col_end, "col_end", blocks, at::kLong, boxes);
   }
-  check_nms_tensor(mask, "mask", n * blocks, at::kLong, boxes);
-  check_nms_tensor(positions, "positions", n, at::kLong, boxes);
-  check_nms_tensor(count, "count", 1, at::kLong, boxes);
+  check_sized(mask, "mask", n * blocks, at::kLong, boxes);
+  check_sized(positions, "positions", n, at::kLong, boxes);
+  check_sized(count, "count", 1, at::kLong, boxes);
   const auto indices = [](const std::optional<at::Tensor>& t) {
     return t.has_value() ? t->const_data_ptr<int64_t>() : nullptr;
   };
@@ -715,12 +669,12 @@ void soft_nms_segments(const at::Tensor& boxes, const at::Tensor& scores,
   const int64_t segments = seg_starts.numel() - 1;
   TORCH_CHECK(segments >= 0, "seg_starts must hold at least one element");
   TORCH_CHECK(method >= 0 && method <= 2, "method must be 0, 1 or 2, got ", method);
-  check_nms_tensor(scores, "scores", n, at::kFloat, boxes);
-  check_nms_tensor(seg_starts, "seg_starts", segments + 1, at::kLong, boxes);
-  check_nms_tensor(positions, "positions", n, at::kLong, boxes);
-  check_nms_tensor(picked, "picked", n, at::kFloat, boxes);
-  check_nms_tensor(counts, "counts", segments, at::kLong, boxes);
-  if (workspace.has_value()) check_nms_tensor(*workspace, "workspace", 7 * n, at::kFloat, boxes);
+  check_sized(scores, "scores", n, at::kFloat, boxes);
+  check_sized(seg_starts, "seg_starts", segments + 1, at::kLong, boxes);
+  check_sized(positions, "positions", n, at::kLong, boxes);
+  check_sized(picked, "picked", n, at::kFloat, boxes);
+  check_sized(counts, "counts", segments, at::kLong, boxes);
+  if (workspace.has_value()) check_sized(*workspace, "workspace", 7 * n, at::kFloat, boxes);
   const fusedops::SoftNmsOptions options{
       static_cast<float>(iou_threshold), static_cast<float>(sigma),
       static_cast<float>(min_score), static_cast<float>(offset), static_cast<int>(method)};

@@ -3,7 +3,8 @@
 Built on first use on a CUDA machine and cached per torch / CUDA / GPU arch under
 ``$FUSEDOPS_CACHE_DIR`` (default ``~/.cache/fusedops``); ``python -m fusedops build`` builds ahead
 of time. A failed build logs one line and the dispatcher falls back to Triton. The extension
-registers ``torch.ops.fusedops_cuda.<op>_<function>`` for every launcher in ``bindings.cpp``;
+registers ``torch.ops.fusedops_cuda.<op>_<function>`` for every launcher in ``bindings.cpp`` and
+the ops' own ``<op>_bindings.cpp`` files;
 ``kernels/cuda/<op>.py`` allocates outputs and calls them.
 """
 
@@ -33,8 +34,13 @@ def kernel_sources() -> list[Path]:
 
 
 def binding_source() -> Path:
-    """The one C++ file holding the TORCH_LIBRARY registration."""
+    """The C++ file holding the TORCH_LIBRARY registration (shared by the ops)."""
     return SOURCE_DIR / "bindings.cpp"
+
+
+def binding_sources() -> list[Path]:
+    """bindings.cpp, then every op's own ``<op>_bindings.cpp`` (TORCH_LIBRARY_FRAGMENTs), sorted."""
+    return [binding_source(), *sorted(SOURCE_DIR.glob("*_bindings.cpp"))]
 
 
 def cache_dir() -> Path:
@@ -69,7 +75,7 @@ def ensure_built(verbose: bool = False) -> None:
         build_dir.mkdir(parents=True, exist_ok=True)
         load(
             name=EXTENSION_NAME,
-            sources=[str(binding_source())] + [str(p) for p in kernel_sources()],
+            sources=[str(p) for p in (*binding_sources(), *kernel_sources())],
             extra_cflags=["-O3", "-std=c++17"],
             extra_cuda_cflags=NVCC_FLAGS,
             build_directory=str(build_dir),

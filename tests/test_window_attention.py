@@ -142,15 +142,17 @@ def test_rows_with_nan_or_inf_scores_give_nan_rows(backend):
         jnp = pytest.importorskip("jax.numpy")
         from fusedops.xla import lower
 
-        args = [jnp.asarray(t.detach().numpy()) for t in (q, k, v, bias, mask)]
+        args = [jnp.asarray(t.detach().cpu().numpy()) for t in (q, k, v, bias, mask)]
         out, _ = lower.LOWERINGS[torch.ops.fusedops.window_attention.default](*args, 0.25)
-        out = torch.from_numpy(np.asarray(out).copy())
+        out = torch.from_numpy(np.asarray(out).copy()).to(DEVICE)
     else:
         out = fusedops.window_attention(q, k, v, bias, mask, 0.25, backend=backend)
     expected = _softmax_oracle(q, k, v, bias, mask, 0.25)
     for window, row in ((1, 3), (0, 6), (0, 7)):
         assert expected[window::2, :, row].isnan().all()
-    assert torch.equal(expected[1::2, :, 5], torch.zeros(2, 2, 16, dtype=torch.float64))
+    assert torch.equal(
+        expected[1::2, :, 5], torch.zeros(2, 2, 16, dtype=torch.float64, device=DEVICE)
+    )
     assert_close(out, expected)  # NaN exactly where the oracle has NaN
 
 
@@ -433,7 +435,7 @@ def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
     mask[1, 4, :] = mask_fill  # a fully masked row when the fill is -inf
     scale = 0.3
     out, lse = cuda_path.forward(q, k, v, bias, mask, scale)
-    dout = random_tensor(out.shape, F32, "cpu")
+    dout = random_tensor(out.shape, F32, DEVICE)
     assert cuda_path._groups(q) == 3  # 96 warps over 2 heads x 20 rows: 3 window groups
     grads = cuda_path.backward(dout, q, k, v, bias, mask, lse, scale, True)
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, scale)

@@ -58,7 +58,8 @@ class _GridChecked:
 def grid_limit(monkeypatch):
     """``grid_limit(module, yz)``: lowers CUDA's grid-dim-1/2 limit
     (``fusedops.kernels.device.MAX_GRID_YZ``, 65535) to ``yz`` and checks every launch of the
-    Triton kernels in ``module`` against it (dim 0 against MAX_GRID_X); returns the list of
+    Triton kernels in ``module`` (its ``*_kernel`` names: the jit functions launched from Python,
+    not those the kernels call) against it (dim 0 against MAX_GRID_X); returns the list of
     launch grids. Lets a CPU test run, with small tensors, the paths that counts past 65535 take
     on a GPU."""
     import triton
@@ -69,7 +70,7 @@ def grid_limit(monkeypatch):
         monkeypatch.setattr(device, "MAX_GRID_YZ", yz)
         grids: list[tuple[int, ...]] = []
         for name, value in vars(module).items():
-            if isinstance(value, triton.runtime.jit.KernelInterface):
+            if name.endswith("_kernel") and isinstance(value, triton.runtime.jit.KernelInterface):
                 checked = _GridChecked(value, (device.MAX_GRID_X, yz), grids)
                 monkeypatch.setattr(module, name, checked)
         return grids

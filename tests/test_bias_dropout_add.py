@@ -438,17 +438,16 @@ def test_cuda_is_picked_automatically_and_runs_without_host_sync():
     assert fusedops.dispatch.last_used["bias_dropout_add"] == "cuda"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-def test_gpu_misaligned_and_wide_rows(backend):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_misaligned_and_wide_rows(backend):
     """Storage offsets that break 16-byte alignment (the CUDA kernel's scalar path), and rows
     wider than a block (several column blocks in the backward)."""
     for shape in ((3, 4100), (5, 9000)):
         n = math.prod(shape)
-        x = random_tensor((n + 1,), torch.float16, "cuda")[1:].view(shape).requires_grad_()
-        bias = random_tensor(shape[-1:], torch.float16, "cuda").requires_grad_()
-        residual = random_tensor((n + 1,), torch.float16, "cuda")[1:].view(shape)
-        grad = random_tensor(shape, torch.float16, "cuda")
+        x = random_tensor((n + 1,), torch.float16, DEVICE)[1:].view(shape).requires_grad_()
+        bias = random_tensor(shape[-1:], torch.float16, DEVICE).requires_grad_()
+        residual = random_tensor((n + 1,), torch.float16, DEVICE)[1:].view(shape)
+        grad = random_tensor(shape, torch.float16, DEVICE)
         out = _run(backend, x, bias, residual, grad, 13)
         want = _expected(x, bias, residual, grad, _seed_of_next_call(13), P)
         assert_close(out, want[0])

@@ -517,16 +517,6 @@ def test_a_kernel_backend_is_picked_on_gpu(monkeypatch):
     assert fusedops.dispatch.last_used["window_attention"] in ("triton", "cuda")
 
 
-@pytest.mark.gpu
-def test_cuda_extension_registers_window_attention_kernels():
-    """GPU only: the CUDA extension's registration is what it checks."""
-    from fusedops.kernels.cuda import build
-
-    assert build.unavailable_reason() is None
-    assert hasattr(torch.ops.fusedops_cuda, "window_attention_softmax_forward")
-    assert hasattr(torch.ops.fusedops_cuda, "window_attention_softmax_backward")
-
-
 def test_attention_core_fuses_without_dropout_and_keeps_dropout_semantics():
     """``attention_core`` (the Swin hook's ``_window_attention_core`` signature): the fused op
     when there is no attention dropout, the unfused math with it."""

@@ -171,3 +171,27 @@ def run_python(
         timeout=timeout,
         check=False,
     )
+
+
+def run_on_side_stream(fn, *inputs: torch.Tensor):
+    """``fn(*inputs)`` on a new stream of ``inputs[0]``'s device, ordered as a caller must order
+    it: the side stream first waits for the current stream (it reads what that stream wrote),
+    each input is recorded on it (the caching allocator keeps an input's memory until the side
+    stream is done with it), then the current stream waits for the side stream and each tensor
+    of the result is recorded on the current stream. On the CPU the same calls run on torch.cpu's
+    streams, which order nothing (CPU work is synchronous) and need no recording; the result
+    is ``fn``'s either way."""
+    device = inputs[0].device
+    module = torch.get_device_module(device)
+    current = module.current_stream(device)
+    side = module.Stream(device) if device.type == "cuda" else module.Stream()
+    side.wait_stream(current)
+    with module.stream(side):
+        result = fn(*inputs)
+    current.wait_stream(side)
+    if device.type == "cuda":
+        outputs = torch.utils._pytree.tree_leaves(result)
+        for tensor, stream in [(t, side) for t in inputs] + [(t, current) for t in outputs]:
+            if isinstance(tensor, torch.Tensor):
+                tensor.record_stream(stream)
+    return result

@@ -31,3 +31,48 @@ def _poison_kernel_outputs():
     """Every kernel output starts as NaN, so elements a kernel never writes fail the test."""
     with poisoned_outputs():
         yield
+
+
+class _GridChecked:
+    """A Triton kernel whose launches are checked against ``limits`` (dim 0, dims 1 and 2)."""
+
+    def __init__(self, kernel, limits, grids):
+        self.kernel, self.limits, self.grids = kernel, limits, grids
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            dims = tuple(grid(kwargs) if callable(grid) else grid)
+            self.grids.append(dims)
+            x_limit, yz_limit = self.limits
+            assert len(dims) <= 3 and dims[0] <= x_limit, f"grid {dims}: dim 0 > {x_limit}"
+            assert all(d <= yz_limit for d in dims[1:]), f"grid {dims}: dim 1/2 > {yz_limit}"
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def grid_limit(monkeypatch):
+    """``grid_limit(module, yz)``: lowers CUDA's grid-dim-1/2 limit
+    (``fusedops.kernels.device.MAX_GRID_YZ``, 65535) to ``yz`` and checks every launch of the
+    Triton kernels in ``module`` (its ``*_kernel`` names: the jit functions launched from Python,
+    not those the kernels call) against it (dim 0 against MAX_GRID_X); returns the list of
+    launch grids. Lets a CPU test run, with small tensors, the paths that counts past 65535 take
+    on a GPU."""
+    import triton
+
+    from fusedops.kernels import device
+
+    def patch(module, yz: int) -> list[tuple[int, ...]]:
+        monkeypatch.setattr(device, "MAX_GRID_YZ", yz)
+        grids: list[tuple[int, ...]] = []
+        for name, value in vars(module).items():
+            if name.endswith("_kernel") and isinstance(value, triton.runtime.jit.KernelInterface):
+                checked = _GridChecked(value, (device.MAX_GRID_X, yz), grids)
+                monkeypatch.setattr(module, name, checked)
+        return grids
+
+    return patch

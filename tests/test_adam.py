@@ -156,7 +156,7 @@ def test_small_chunks_and_table_refills_match_reference(backend):
     shapes = [(1,), (700,), (5,), (1300,), (64,), (65,)]
     if backend == "cuda":
         shapes += [(100_000,)] + [(37,)] * 40
-    make = lambda s: torch.randn(s, generator=generator).to(DEVICE)
+    make = lambda s: torch.randn(s, generator=generator, device="cpu").to(DEVICE)
     exp_avg_sqs = [make(s).abs() for s in shapes]
     lists = [
         [make(s) for s in shapes],  # params
@@ -207,7 +207,7 @@ def test_vector_and_scalar_paths_match_reference(backend, dtype, aligned):
     offset = 0 if aligned else 1
 
     def make(shape, positive=False):
-        values = torch.randn(shape, generator=generator)
+        values = torch.randn(shape, generator=generator, device="cpu")
         values = values.abs() if positive else values
         buffer = torch.empty(values.numel() + 8, dtype=dtype, device=DEVICE)
         view = buffer[offset : offset + values.numel()].view(shape)
@@ -315,7 +315,7 @@ def test_layout_change_between_steps_matches_torch(backend):
     """A channels_last param (so channels_last moments) made contiguous between steps: the
     step must not treat the old moments as flat arrays in the param's new layout."""
     generator = torch.Generator().manual_seed(9)
-    start = torch.randn(2, 3, 4, 5, generator=generator).to(DEVICE)
+    start = torch.randn(2, 3, 4, 5, generator=generator, device="cpu").to(DEVICE)
     ours = start.to(memory_format=torch.channels_last).requires_grad_()
     theirs = ours.detach().clone(memory_format=torch.channels_last).requires_grad_()
     opt = FusedAdam([ours], lr=0.01, backend=backend)
@@ -324,7 +324,7 @@ def test_layout_change_between_steps_matches_torch(backend):
         if step == 2:
             ours.data = ours.data.contiguous()
             theirs.data = theirs.data.contiguous()
-        grad = torch.randn(start.shape, generator=generator).to(DEVICE)
+        grad = torch.randn(start.shape, generator=generator, device="cpu").to(DEVICE)
         ours.grad, theirs.grad = grad.clone(), grad.clone()
         opt.step()
         ref_opt.step()
@@ -417,7 +417,7 @@ def test_grad_scaler_unscales_and_skips_inf_steps_on_device(backend, monkeypatch
     ref_scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
 
     def scaled_step(values, optimizer, grad_scaler, poison):
-        grads = [torch.randn(p.shape, generator=generator).to(DEVICE) for p in values]
+        grads = [torch.randn(p.shape, generator=generator, device="cpu").to(DEVICE) for p in values]
         for p, g in zip(values, grads):
             p.grad = grad_scaler.scale(g).clone()
         if poison:
@@ -466,7 +466,7 @@ def test_use_backend_is_honoured(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_non_contiguous_params_match_torch(backend):
     generator = torch.Generator().manual_seed(7)
-    base = torch.randn(6, 10, generator=generator).to(DEVICE)
+    base = torch.randn(6, 10, generator=generator, device="cpu").to(DEVICE)
     made = [
         lambda: base.clone().t(),  # dense, not contiguous: updated in place as a flat array
         lambda: base.clone()[:, ::2],  # gaps: goes through contiguous copies
@@ -478,7 +478,7 @@ def test_non_contiguous_params_match_torch(backend):
     ref_opt = torch.optim.AdamW(theirs, lr=0.01, foreach=False)
     for _ in range(3):
         for p, q in zip(ours, theirs):
-            g = torch.randn(p.shape, generator=generator).to(DEVICE)
+            g = torch.randn(p.shape, generator=generator, device="cpu").to(DEVICE)
             p.grad, q.grad = g.clone(), g.clone()
         opt.step()
         ref_opt.step()
@@ -491,12 +491,12 @@ def test_non_contiguous_params_match_torch(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_complex_params_match_torch(backend):
     generator = torch.Generator().manual_seed(8)
-    z = torch.randn(5, 3, dtype=torch.complex64, generator=generator).to(DEVICE)
+    z = torch.randn(5, 3, dtype=torch.complex64, generator=generator, device="cpu").to(DEVICE)
     ours, theirs = [z.clone().requires_grad_()], [z.clone().requires_grad_()]
     opt = FusedAdam(ours, lr=0.01, weight_decay=0.1, amsgrad=True, backend=backend)
     ref_opt = torch.optim.Adam(theirs, lr=0.01, weight_decay=0.1, amsgrad=True, foreach=False)
     for _ in range(3):
-        g = torch.randn(5, 3, dtype=torch.complex64, generator=generator).to(DEVICE)
+        g = torch.randn(5, 3, dtype=torch.complex64, generator=generator, device="cpu").to(DEVICE)
         ours[0].grad, theirs[0].grad = g.clone(), g.clone()
         opt.step()
         ref_opt.step()
@@ -630,7 +630,10 @@ def test_hook_enabled_before_torch_import_patches_from_imports():
 @pytest.mark.parametrize("master", [False, True])
 def test_float16_params_match_torch(backend, master):
     generator = torch.Generator().manual_seed(9)
-    ours = [torch.randn(s, generator=generator).to(DEVICE, torch.float16) for s in [(7,), (300,)]]
+    ours = [
+        torch.randn(s, generator=generator, device="cpu").to(DEVICE, torch.float16)
+        for s in [(7,), (300,)]
+    ]
     if master:  # the fp32 run that the master copies track
         theirs = [p.to(torch.float32, copy=True) for p in ours]
         ref_opt = torch.optim.Adam(theirs, lr=0.01, amsgrad=True, weight_decay=0.01)
@@ -642,7 +645,7 @@ def test_float16_params_match_torch(backend, master):
     )
     for _ in range(5):
         for p, q in zip(ours, theirs):
-            g = torch.randn(p.shape, generator=generator).to(DEVICE, torch.float16)
+            g = torch.randn(p.shape, generator=generator, device="cpu").to(DEVICE, torch.float16)
             p.grad, q.grad = g, g.to(q.dtype, copy=True)
         opt.step()
         ref_opt.step()

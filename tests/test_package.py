@@ -65,6 +65,21 @@ def test_demo_prints_the_table():
         assert re.search(rf"{op} +ran on (reference|triton|cuda)", done.stdout), op
 
 
+@pytest.mark.gpu
+def test_cuda_extension_builds_and_registers_the_kernels_ops():
+    """gpu-only: the CUDA extension builds (nvcc, a CUDA device) and registers its ops in
+    ``torch.ops.fusedops_cuda``, which is what this checks."""
+    import torch
+
+    assert build.unavailable_reason() is None
+    for name in (
+        "quick_gelu_forward",
+        "window_attention_softmax_forward",
+        "window_attention_softmax_backward",
+    ):
+        assert hasattr(torch.ops.fusedops_cuda, name), name
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("source", build.kernel_sources(), ids=lambda p: p.name)
 def test_cuda_source_compiles_for_sm80_and_sm90(source, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fusedops
+from fusedops.dispatch import triton_interpreter
 from fusedops.nn import rms_norm_variants
 from fusedops.testing import (
     assert_close,
@@ -65,16 +66,17 @@ def _original_class(case):
     return getattr(importlib.import_module(module), name)
 
 
-def _pair(case, weight_dtype):
-    """(original module, fused module) with the same random parameters in weight_dtype."""
+def _pair(case, weight_dtype, hidden=HIDDEN):
+    """(original module, fused module) of width ``hidden`` with the same random parameters in
+    weight_dtype."""
     _, _, kwargs, variant = CLASSES[case]
     cls = _original_class(case)
-    original = cls(HIDDEN, **kwargs).to(DEVICE)
+    original = cls(hidden, **kwargs).to(DEVICE)
     with torch.no_grad():
         for p in original.parameters():
-            p.copy_(random_tensor(p.shape, low=0.5, high=1.5))
+            p.copy_(random_tensor(p.shape, device=DEVICE, low=0.5, high=1.5))
     original.to(weight_dtype)
-    fused = cls(HIDDEN, **kwargs).to(DEVICE).to(weight_dtype)
+    fused = cls(hidden, **kwargs).to(DEVICE).to(weight_dtype)
     fused.load_state_dict(original.state_dict())
     fused.__class__ = rms_norm_variants.fused_subclass(cls, variant)
     return original, fused
@@ -248,18 +250,27 @@ def test_torch_compile_and_export_of_a_fused_llama_norm():
     assert torch.equal(exported.module()(x), fused(x))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("x_dtype", "weight_dtype"), DTYPES + [(torch.float16, torch.bfloat16)])
+# Triton's CPU interpreter casts fp32 to bf16 by truncation (measured: half of all casts differ
+# from torch's round-to-nearest-even), so its bf16 rounding points are checked on a GPU only.
+ROUNDING_CASES = [
+    (backend, x_dtype, weight_dtype)
+    for backend in BACKENDS
+    for x_dtype, weight_dtype in [*DTYPES, (torch.float16, torch.bfloat16)]
+    if not (backend == "triton" and triton_interpreter())
+    or torch.bfloat16 not in (x_dtype, weight_dtype)
+]
+
+
+@pytest.mark.parametrize(("backend", "x_dtype", "weight_dtype"), ROUNDING_CASES, ids=str)
 @pytest.mark.parametrize("case", ["llama", "t5"])
-def test_cuda_and_triton_give_the_same_bits_as_the_original_rounding(case, x_dtype, weight_dtype):
-    """On a GPU both kernels round as torch does (to nearest even): the output equals the
-    original class's wherever rstd agrees, on a large input."""
-    original, fused = _pair(case, weight_dtype)
-    x = random_tensor((512, 1024), x_dtype, DEVICE)
+def test_backends_give_the_same_bits_as_the_original_rounding(backend, case, x_dtype, weight_dtype):
+    """Every backend rounds as torch does (to nearest even): the output equals the original
+    class's wherever rstd agrees, on a wide input (the modules built for its width, 1024;
+    512 rows on a GPU, 32 on the CPU)."""
+    original, fused = _pair(case, weight_dtype, hidden=1024)
+    x = random_tensor((512 if DEVICE.type == "cuda" else 32, 1024), x_dtype, DEVICE)
     expected = original(x)
-    for backend in ("cuda", "triton"):
-        with fusedops.dispatch.use_backend(backend):
-            y = fused(x)
-        assert y.dtype == expected.dtype
-        assert _same_rounding_fraction(y, expected) > 0.99
+    with fusedops.dispatch.use_backend(backend):
+        y = fused(x)
+    assert y.dtype == expected.dtype
+    assert _same_rounding_fraction(y, expected) > 0.99

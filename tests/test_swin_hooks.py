@@ -12,9 +12,17 @@ import torch.nn.functional as F
 
 import fusedops
 from fusedops import hooks
-from fusedops.testing import assert_close, random_tensor, run_python
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    random_tensor,
+    run_python,
+)
 
 transformers = pytest.importorskip("transformers")
+DEVICE = device_under_test()
+BACKENDS = backends_under_test()
 modeling_swin = pytest.importorskip("transformers.models.swin.modeling_swin")
 modeling_swinv2 = pytest.importorskip("transformers.models.swinv2.modeling_swinv2")
 
@@ -148,20 +156,30 @@ def test_attentions_asked_for_by_config_or_argument_are_returned(route):
         assert model(images, output_attentions=False).attentions is None
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-def test_hooked_model_on_gpu_matches_the_original(autocast):
-    config = _config(image_size=64, embed_dim=32, window_size=7)  # 16x16 and 8x8 maps, padded
-    ref = _build(transformers.SwinForImageClassification, config).cuda()
+def test_hooked_model_matches_the_original_on_every_backend(backend, autocast):
+    """16x16 and 8x8 maps padded to 7x7 windows (64px; smaller maps than the window make HF
+    Swin shrink the window below its bias table), 4 images on a GPU, 1 on the CPU; fp32 and
+    bf16 autocast, logits and every parameter's gradient."""
+    size = 64
+    config = _config(image_size=size, embed_dim=32, window_size=7)
+    ref = _build(transformers.SwinForImageClassification, config).to(DEVICE)
     model = fusedops.replace_modules(copy.deepcopy(ref), hooks=["swin"])
-    images = random_tensor((4, 3, 64, 64), device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-        out, expected = model(images).logits, ref(images).logits
-    assert fusedops.dispatch.last_used["window_partition_roll"] == "cuda"
-    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "cuda"
+    images = random_tensor((4 if DEVICE.type == "cuda" else 1, 3, size, size), device=DEVICE)
+    with (
+        fusedops.use_backend(backend),
+        torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast),
+    ):
+        out = model(images).logits
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
+        expected = ref(images).logits
+    assert fusedops.dispatch.last_used["window_partition_roll"] == backend
+    assert fusedops.dispatch.last_used["window_attention"] == backend  # not the softmax alone
     dtype = torch.bfloat16 if autocast else torch.float32
     assert_close(out.float(), expected.float(), dtype=dtype, scale=4.0)
-    out.float().square().sum().backward()
+    with fusedops.use_backend(backend):
+        out.float().square().sum().backward()
     expected.float().square().sum().backward()
     want = dict(ref.named_parameters())
     for name, p in model.named_parameters():

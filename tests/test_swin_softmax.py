@@ -15,11 +15,13 @@ from fusedops.testing import (
     device_under_test,
     non_contiguous,
     random_tensor,
+    run_on_side_stream,
 )
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+F32 = torch.float32
+DTYPES = [F32, torch.float16, torch.bfloat16]
 # (batch, windows per image nW, heads, N, mask): N from 1 to 256, Swin's -100 mask, -inf masks
 # with fully masked rows, no mask, batch 0.
 CASES = [
@@ -90,7 +92,7 @@ def test_fully_masked_rows_give_zeros_not_nan(backend):
     mask[1] = -math.inf  # every row of window 1 (and 3)
     probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
     assert torch.equal(probs[1::2], torch.zeros_like(probs[1::2]))
-    assert_close(probs[0::2].sum(-1), torch.ones(2, 2, 5, dtype=torch.float64))
+    assert_close(probs[0::2].sum(-1), torch.ones(2, 2, 5, dtype=torch.float64, device=DEVICE))
     probs.backward(random_tensor(probs.shape, torch.float32, DEVICE))
     assert not attn.grad.isnan().any() and torch.equal(
         attn.grad[1::2], torch.zeros_like(probs[1::2])
@@ -127,7 +129,9 @@ def test_rows_with_nan_or_inf_give_nan_as_torch_softmax(backend):
         probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
     expected = oracle(attn, bias, mask)
     assert expected[0, 0, 1].isnan().all() and expected[3, 1, 2].isnan().all()
-    assert expected[2, 0, 4].isnan().all() and torch.equal(expected[1, :, 2], torch.zeros(2, 5))
+    assert expected[2, 0, 4].isnan().all() and torch.equal(
+        expected[1, :, 2], torch.zeros(2, 5, dtype=torch.float64, device=DEVICE)
+    )
     assert_close(probs, expected)  # NaN exactly where torch has NaN
 
 
@@ -288,26 +292,41 @@ def test_bad_inputs(args, error, match):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_is_picked_automatically_on_gpu(dtype):
+def test_cuda_is_picked_automatically_on_gpu(monkeypatch, dtype):
+    """GPU only: what it checks is the automatic pick for a CUDA tensor."""
+    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
     attn, bias, mask = _inputs(3, 4, 3, 49, "-100", dtype)
     probs = fusedops.swin_attention_softmax(attn, bias, mask)
     assert fusedops.dispatch.last_used["swin_attention_softmax"] == "cuda"
     assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-@pytest.mark.parametrize("n", [1, 16, 33, 49, 64, 100, 144, 256, 576, 1024])
-def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
-    """Every lanes-per-row configuration of the CUDA kernel, many windows (several chunks)."""
-    windows = max(1, 2**21 // (n * n))
+# Many windows (several bias-gradient chunks) on a GPU; few on the CPU (the reference, and
+# Triton interpreted: there N past 256 on the reference only, the interpreter takes ~10 s each).
+LENGTHS = [1, 16, 33, 49, 64, 100, 144, 256, 576, 1024]
+SCORES, MAX_WINDOWS = (2**21, 2**21) if DEVICE.type == "cuda" else (2**12, 8)
+LENGTH_CASES = [
+    (backend, n)
+    for backend in BACKENDS
+    for n in LENGTHS
+    if DEVICE.type == "cuda" or backend == "reference" or n <= 256
+]
+
+
+@pytest.mark.parametrize(("backend", "n"), LENGTH_CASES, ids=str)
+def test_window_lengths_and_deterministic_bias_grad(backend, n):
+    """Every lanes-per-row configuration of the CUDA kernel (N up to its 1024), many windows
+    (several chunks); the bias gradient is the same bits on a second run."""
+    windows = max(1, min(SCORES // (n * n), MAX_WINDOWS))
+    heads = 2 if DEVICE.type == "cuda" or n <= 256 else 1
     attn, bias, mask = _inputs(
-        windows // 4 or 1, 4 if windows >= 4 else 1, 2, n, "-inf", torch.bfloat16
+        windows // 4 or 1, 4 if windows >= 4 else 1, heads, n, "-inf", torch.bfloat16
     )
     probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
     expected = oracle(attn.detach(), bias.detach(), mask)
     assert_close(probs, expected)
-    grad = random_tensor(probs.shape, torch.bfloat16, "cuda")
+    grad = random_tensor(probs.shape, torch.bfloat16, DEVICE)
     first = torch.autograd.grad(probs, (attn, bias), grad, retain_graph=True)
     second = torch.autograd.grad(probs, (attn, bias), grad)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
@@ -316,44 +335,69 @@ def test_gpu_window_lengths_and_deterministic_bias_grad(backend, n):
     assert_close(first[1], d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("backend", "b", "nw", "heads", "n"),
-    [
-        ("triton", 1, 1, 16, 4096),  # 16 * 4096 rows of one window: 65536 row blocks
-        ("triton", 1025, 64, 1, 16),  # 65600 windows
-        ("cuda", 1025, 64, 1, 16),
-    ],
-)
-def test_gpu_grids_past_65535_windows_or_row_blocks(backend, b, nw, heads, n):
-    """Counts that CUDA's grid dims 1 and 2 cannot hold (65535 at most): the Triton forward's
-    grid is 1-D, the CUDA kernels stride over rows."""
+def _grid_cases():
+    """(backend, b, nW, heads, N, grid-dim-1/2 limit): small shapes past a limit lowered to 3
+    on every backend here; the real counts (65535 + 1) on a GPU."""
+    small = [(1, 1, 16, 16), (5, 2, 1, 4)]  # 4 row blocks of 64 rows; 10 windows
+    cases = [(backend, *shape, 3) for backend in BACKENDS for shape in small]
+    real = [
+        ("triton", 1, 1, 16, 4096, [pytest.mark.big_memory]),  # 65536 row blocks of one window
+        ("triton", 1025, 64, 1, 16, []),  # 65600 windows
+        ("cuda", 1025, 64, 1, 16, []),
+    ]
+    cases += [pytest.param(*c[:-1], None, marks=[pytest.mark.gpu, *c[-1]]) for c in real]
+    return cases
+
+
+@pytest.mark.parametrize(("backend", "b", "nw", "heads", "n", "limit"), _grid_cases(), ids=str)
+def test_grids_past_the_grid_dim_limit(grid_limit, backend, b, nw, heads, n, limit):
+    """Counts that CUDA's grid dims 1 and 2 cannot hold (65535 at most; ``limit`` when lowered):
+    the Triton forward's grid is 1-D and the backward's chunks are capped, every Triton launch
+    fits (checked); the CUDA kernels stride over rows."""
+    from fusedops.kernels.triton import swin_softmax as triton_softmax
+
+    grids = grid_limit(triton_softmax, limit) if limit and backend == "triton" else None
     attn, bias, mask = _inputs(b, nw, heads, n, "-100", torch.bfloat16)
     probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
     expected = oracle(attn.detach(), bias.detach(), mask)
     assert_close(probs, expected)
-    grad = random_tensor(probs.shape, torch.bfloat16, "cuda")
+    grad = random_tensor(probs.shape, torch.bfloat16, DEVICE)
     probs.backward(grad)
     d_attn, d_bias = oracle_backward(expected, grad.double())
     assert_close(attn.grad, d_attn)
     assert_close(bias.grad, d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
+    if grids is not None:  # the count did pass the lowered limit, on dim 0
+        assert len(grids) == 2 and grids[0][0] > limit
 
 
-@pytest.mark.gpu
-def test_gpu_long_rows_go_to_triton():
-    """N = 2304 (48x48 windows): past the CUDA kernel's 1024, taken by Triton automatically."""
-    attn, bias, mask = _inputs(1, 2, 1, 2304, "-100", torch.float32)
-    probs = fusedops.swin_attention_softmax(attn, bias, mask)
-    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "triton"
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_rows_past_the_cuda_kernel(backend):
+    """N = 2304 (48x48 windows): past the CUDA kernel's 1024, the automatic pick on a GPU takes
+    Triton; the reference and Triton compute it on every device."""
+    attn, bias, mask = _inputs(
+        1,
+        2 if DEVICE.type == "cuda" else 1,
+        1,
+        2304 if DEVICE.type == "cuda" else 1040,
+        "-100",
+        F32,
+    )
+    probs = fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
     assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
+    if DEVICE.type == "cuda":
+        fusedops.swin_attention_softmax(attn, bias, mask)
+        assert fusedops.dispatch.last_used["swin_attention_softmax"] == "triton"
 
 
-@pytest.mark.gpu
-def test_gpu_side_stream():
-    attn, bias, mask = _inputs(64, 16, 3, 49, "-100", torch.float16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend="cuda")
-    stream.synchronize()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_side_stream(backend):
+    """On a side stream ordered after the current one (waits for the inputs, records them):
+    the same probabilities; on the CPU the same calls with torch.cpu's streams."""
+    shape = (64, 16, 3, 49) if DEVICE.type == "cuda" else (2, 2, 3, 49)
+    attn, bias, mask = _inputs(*shape, "-100", torch.float16)
+
+    def softmax(attn, bias, mask):
+        return fusedops.swin_attention_softmax(attn, bias, mask, backend=backend)
+
+    probs = run_on_side_stream(softmax, attn.detach(), bias.detach(), mask)
     assert_close(probs, oracle(attn.detach(), bias.detach(), mask))

@@ -12,6 +12,7 @@ from fusedops.testing import (
     device_under_test,
     non_contiguous,
     random_tensor,
+    run_on_side_stream,
 )
 
 DEVICE = device_under_test()
@@ -270,33 +271,53 @@ def test_bad_inputs(call, error, match):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_is_picked_automatically_on_gpu(dtype):
+def test_cuda_is_picked_automatically_on_gpu(monkeypatch, dtype):
+    """GPU only: what it checks is the automatic pick for a CUDA tensor."""
+    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
     x = random_tensor((2, 14, 21, 96), dtype, "cuda")
     out = fusedops.window_partition_roll(x, 7, -3)
     assert fusedops.dispatch.last_used["window_partition_roll"] == "cuda"
     assert torch.equal(out, oracle_partition(x, 7, -3))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "triton"])
-def test_gpu_large_batch_and_side_stream(backend):
-    """More windows than a grid dimension holds (70000), odd channel counts (narrow accesses),
-    launched on a side stream."""
-    stream = torch.cuda.Stream()
+def _batch_cases():
+    """(backend, windows, grid-dim-1/2 limit): 6 windows past a limit lowered to 3 on every
+    backend here; 70000 windows (more than CUDA's 65535 of grid dims 1 and 2) on a GPU."""
+    cases = [(backend, 6, 3) for backend in BACKENDS]
+    real = [("triton", 70000, None), ("cuda", 70000, None)]
+    return cases + [pytest.param(*c, marks=pytest.mark.gpu) for c in real]
+
+
+@pytest.mark.parametrize(("backend", "windows", "limit"), _batch_cases(), ids=str)
+def test_large_batch_and_side_stream(grid_limit, backend, windows, limit):
+    """More windows than a grid dimension holds, odd channel counts (narrow accesses), launched
+    on a side stream ordered after the stream that wrote x (torch.cpu's streams on the CPU); the
+    Triton kernel puts the windows on grid dim 0 (every launch checked against the limit)."""
+    from fusedops.kernels.triton import window_process as triton_process
+
+    grids = grid_limit(triton_process, limit) if limit and backend == "triton" else None
+
+    def there_and_back(x):
+        out = fusedops.window_partition_roll(x, 7, -3, backend=backend)
+        return out, fusedops.window_reverse_roll(out, 7, 7, 7, 3, backend=backend)
+
     for c in (3, 96, 97):
-        x = random_tensor((70000, 7, 7, c), torch.float16, "cuda")
-        with torch.cuda.stream(stream):
-            windows = fusedops.window_partition_roll(x, 7, -3, backend=backend)
-            back = fusedops.window_reverse_roll(windows, 7, 7, 7, 3, backend=backend)
-        stream.synchronize()
-        assert torch.equal(windows, oracle_partition(x, 7, -3))
+        x = random_tensor((windows, 7, 7, c), torch.float16, DEVICE)
+        out, back = run_on_side_stream(there_and_back, x)
+        assert torch.equal(out, oracle_partition(x, 7, -3))
         assert torch.equal(back, x)
+    if grids is not None:
+        assert max(g[0] for g in grids) == windows > limit
 
 
 @pytest.mark.gpu
+@pytest.mark.big_memory
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_gpu_64_bit_offsets(backend):
-    """More than 2^31 elements: offsets past int32."""
+    """More than 2^31 elements: offsets past int32. GPU only: the kernels compute offsets in
+    int64 always (no limit to lower for a small CPU case), so only 2^31 real elements test it
+    (13 GB: x, the windows and back)."""
     x = torch.zeros((2, 1024, 1024, 1040), dtype=torch.float16, device="cuda")
     x.view(-1)[::9973] = 1.0
     x[-1, -1, -1, -1] = 7.0

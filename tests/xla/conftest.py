@@ -16,3 +16,15 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def no_tf32():
+    """fp32 matmuls and convolutions in full fp32 (no TF32 on a GPU) for the test, restored
+    after it. torch's ``allow_tf32`` flags are properties of module objects that
+    ``monkeypatch.setattr`` cannot restore (it deletes what it finds no instance attribute of)."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    yield
+    matmul.allow_tf32, cudnn.allow_tf32 = saved

@@ -1,5 +1,7 @@
 """The torch <-> JAX bridge (CPU and CUDA), the lazy import and the compilation cache
-directory. Tests marked ``gpu`` need a CUDA device and a JAX with its CUDA plugin."""
+directory. Tests on ``DEVICE`` run on CUDA where there is one (JAX then needs its CUDA plugin),
+else on the CPU; tests marked ``gpu`` check what only CUDA has (zero-copy CUDA buffers, a JAX
+GPU backend next to the CPU)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusedops.testing import assert_close, non_contiguous, random_tensor
+from fusedops.testing import assert_close, device_under_test, non_contiguous, random_tensor
 
 jax = pytest.importorskip("jax")
 
@@ -24,6 +26,7 @@ from fusedops.xla.program import JaxProgram  # noqa: E402
 from tests.xla import models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+DEVICE = device_under_test()
 
 
 def _on_cpu(value):
@@ -156,14 +159,11 @@ def test_cuda_tensor_without_jax_gpu_backend_names_the_fix():
         bridge.jax_device(torch.device("cuda", 0))
 
 
-def _no_tf32(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_round_trip_is_zero_copy_and_exact(dtype):
+    """gpu-only: what it checks is that a CUDA tensor crosses to JAX's GPU backend without a
+    copy (the CPU's zero-copy view is checked above)."""
     t = _example(dtype, "cuda")
     with jax.enable_x64(True):
         array = bridge.to_jax(t)
@@ -177,18 +177,18 @@ def test_cuda_round_trip_is_zero_copy_and_exact(dtype):
     assert torch.equal(bridge.to_torch(jax.numpy.asarray(bridge.to_jax(strided))), strided)
 
 
-@pytest.mark.gpu
-def test_cuda_mlp_forward_backward_match_eager(monkeypatch):
-    _no_tf32(monkeypatch)
+@pytest.mark.usefixtures("no_tf32")
+def test_mlp_forward_backward_match_eager():
+    """partial_trace of an MLP on DEVICE: outputs and gradients on DEVICE, eager's values."""
     torch.manual_seed(0)
-    model = models.mlp().cuda()
+    model = models.mlp().to(DEVICE)
     ref = copy.deepcopy(model)
 
     @partial_trace
     def backbone(model, x):
         return model(x)
 
-    x = random_tensor((6, 8)).cuda().requires_grad_(True)
+    x = random_tensor((6, 8), device=DEVICE).requires_grad_(True)
     x_ref = x.detach().clone().requires_grad_(True)
     out, want = backbone(model, x), ref(x_ref)
     assert out.device == x.device
@@ -203,10 +203,12 @@ def test_cuda_mlp_forward_backward_match_eager(monkeypatch):
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.gpu
-def test_cuda_parameter_updated_in_place_is_seen_by_the_next_call(monkeypatch):
-    _no_tf32(monkeypatch)
-    x, w = random_tensor((64, 256)).cuda(), torch.nn.Parameter(random_tensor((256, 256)).cuda())
+@pytest.mark.usefixtures("no_tf32")
+def test_parameter_updated_in_place_is_seen_by_the_next_call():
+    """A parameter on DEVICE crosses as a zero-copy view: in-place updates queued by torch
+    (on CUDA, on torch's stream) are seen by the next call, ordered before it."""
+    x = random_tensor((64, 256), device=DEVICE)
+    w = torch.nn.Parameter(random_tensor((256, 256), device=DEVICE))
     program = _program(_affine, x, w.detach())
     first = program([x, w])[0]
     torch.testing.assert_close(first, (x @ w.detach() + 1).relu(), rtol=1e-4, atol=1e-5)
@@ -220,6 +222,8 @@ def test_cuda_parameter_updated_in_place_is_seen_by_the_next_call(monkeypatch):
 
 @pytest.mark.gpu
 def test_cpu_call_stays_on_the_cpu_next_to_a_jax_gpu():
+    """gpu-only: it needs JAX's GPU backend beside its CPU (the CPU stand-in, two JAX CPU
+    devices, is test_cpu_call_ignores_jax_default_device)."""
     x, w = random_tensor((4, 6)), torch.nn.Parameter(random_tensor((6, 3)))
     outs = _program(_affine, x, w.detach())([x, w])
     assert all(o.device.type == "cpu" for o in outs)

@@ -18,7 +18,7 @@ import importlib
 import pytest
 import torch
 
-from fusedops.testing import assert_close, random_tensor
+from fusedops.testing import assert_close, device_under_test, random_tensor
 
 pytest.importorskip("jax")
 
@@ -26,6 +26,9 @@ from fusedops import ops as fusedops_ops  # noqa: E402
 from fusedops.xla import lower, partial_trace, xla_trace  # noqa: E402
 
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
+#: where the module and optimizer tests run: CUDA where there is one (eager then runs fusedops'
+#: CUDA/Triton kernels, the programs their lowerings), else the CPU
+DEVICE = device_under_test()
 
 
 def _namespace_ops() -> dict[str, object]:
@@ -257,17 +260,18 @@ def _sum_step(x, *, net, opt):
         ("FusedAdam", BF16, {"master_weights": True, "max_grad_norm": 0.5, "norm_type": "inf"}),
     ],
 )
+@pytest.mark.usefixtures("no_tf32")
 def test_xla_trace_with_fused_adam_matches_eager(cls, dtype, options):
     """Parameters, optimizer state (FusedAdam's layout, master copies included) after three
-    steps. The loss is linear in the parameters and the batch one row, so bf16 gradients are
-    exact and the two updates differ by fp32 rounding only. With max_grad_norm the gradients
-    (norms of about 3 and more) are clipped inside the traced step as in eager's."""
+    steps on DEVICE. The loss is linear in the parameters and the batch one row, so bf16
+    gradients are exact and the two updates differ by fp32 rounding only. With max_grad_norm
+    the gradients (norms of about 3 and more) are clipped inside the traced step as in eager's."""
     if options.get("norm_type") == "inf":
         options = {**options, "norm_type": float("inf")}
     from fusedops import optim
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(6, 4).to(dtype)
+    model = torch.nn.Linear(6, 4).to(DEVICE, dtype)
     ref = copy.deepcopy(model)
     opt = getattr(optim, cls)(model.parameters(), lr=0.05, **options)
     ref_opt = getattr(optim, cls)(ref.parameters(), lr=0.05, **options)
@@ -275,13 +279,14 @@ def test_xla_trace_with_fused_adam_matches_eager(cls, dtype, options):
     train_step = xla_trace(_sum_step)
 
     for _ in range(3):
-        x = R(1, 6, dtype=dtype)
+        x = random_tensor((1, 6), dtype, DEVICE)
         train_step(x, net=model, opt=opt)
         ref(x).float().sum().backward()
         ref_opt.step()
         ref_opt.zero_grad()
     assert train_step.programs == 1
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert p.device.type == DEVICE.type
         _compare(p.detach(), q.detach(), name)
         state, ref_state = opt.state[p], ref_opt.state[q]
         assert state.keys() == ref_state.keys()
@@ -307,24 +312,26 @@ def test_xla_trace_refuses_a_grad_scaler_driven_fused_adam():
 
 
 # ----------------------------------------------------------------- hooked modules: one program
+@pytest.mark.usefixtures("no_tf32")
 def test_fused_modules_give_one_program_per_direction():
-    """A block built from fusedops.nn modules (LayerNorm, RMSNorm, QuickGELU) under
+    """A block built from fusedops.nn modules (LayerNorm, RMSNorm, QuickGELU) on DEVICE under
     partial_trace(fullgraph=True): one forward and one backward program, eager's results."""
     from fusedops import nn as fnn
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(8, 16), fnn.LayerNorm(16), fnn.QuickGELU(), fnn.RMSNorm(16),
-        torch.nn.Linear(16, 3),
-    )  # fmt: skip
+        torch.nn.Linear(8, 64), fnn.LayerNorm(64), fnn.QuickGELU(), fnn.RMSNorm(64),
+        torch.nn.Linear(64, 3),
+    ).to(DEVICE)  # fmt: skip
     ref = copy.deepcopy(model)
     traced = partial_trace(model, fullgraph=True)
-    x = R(2, 5, 8)
+    x = random_tensor((4, 5, 8), device=DEVICE)
     out = traced(x)
     out.square().sum().backward()
     expected = ref(x)
     expected.square().sum().backward()
     assert traced.stats.programs == 2 and not traced.stats.eager_ops
+    assert out.device == x.device
     assert_close(out, expected, scale=4.0)
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert_close(p.grad, q.grad, scale=8.0, msg=name)
@@ -357,63 +364,3 @@ def test_xla_trace_with_fused_adamw_on_complex_parameters():
     torch.testing.assert_close(model.w.detach(), ref.w.detach(), rtol=1e-5, atol=1e-6)
     for key in ("exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(opt.state[model.w][key], ref_opt.state[ref.w][key])
-
-
-# ------------------------------------------------------------------------------------ on a GPU
-def _no_tf32(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-
-
-@pytest.mark.gpu
-def test_cuda_fused_modules_one_program_per_direction(monkeypatch):
-    """On CUDA tensors eager runs fusedops' CUDA/Triton kernels; the programs their lowerings."""
-    from fusedops import nn as fnn
-
-    _no_tf32(monkeypatch)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 64), fnn.LayerNorm(64), fnn.QuickGELU(), fnn.RMSNorm(64),
-        torch.nn.Linear(64, 3),
-    ).cuda()  # fmt: skip
-    ref = copy.deepcopy(model)
-    traced = partial_trace(model, fullgraph=True)
-    x = R(4, 5, 8).cuda()
-    out = traced(x)
-    out.square().sum().backward()
-    expected = ref(x)
-    expected.square().sum().backward()
-    assert traced.stats.programs == 2 and out.device == x.device
-    assert_close(out, expected, scale=4.0)
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert_close(p.grad, q.grad, scale=8.0, msg=name)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [F32, BF16])
-def test_cuda_xla_trace_with_fused_adamw(monkeypatch, dtype):
-    from fusedops.optim import FusedAdamW
-
-    _no_tf32(monkeypatch)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(6, 4).cuda().to(dtype)
-    ref = copy.deepcopy(model)
-    options = {"lr": 0.05, "weight_decay": 0.1, "master_weights": dtype == BF16}
-    opt, ref_opt = (
-        FusedAdamW(model.parameters(), **options),
-        FusedAdamW(ref.parameters(), **options),
-    )
-
-    train_step = xla_trace(_sum_step)
-
-    for _ in range(3):
-        x = R(1, 6, dtype=dtype).cuda()
-        train_step(x, net=model, opt=opt)
-        ref(x).float().sum().backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert p.device.type == "cuda"
-        _compare(p.detach(), q.detach(), name)
-        for key, value in ref_opt.state[q].items():
-            _compare(opt.state[p][key], value, f"{name} {key}")

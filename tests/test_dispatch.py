@@ -175,3 +175,66 @@ def test_recorded_entries_are_complete_and_current():
         for backend, record in backends.items():
             assert backend in dispatch.KERNEL_BACKENDS
             assert {"sources", "gpu", "date", "commit", "evidence"} <= set(record), (name, backend)
+
+
+def _automatic_pick_cases(device):
+    """(op name, call(backend) -> output, kernels it may pick) on ``device``: one small input per
+    op that every kernel takes."""
+    from fusedops.testing import random_tensor
+
+    x = random_tensor((10, 1000), torch.bfloat16, device)
+    weight = random_tensor((1000,), torch.bfloat16, device)
+    windows = random_tensor((2, 14, 21, 96), torch.float16, device)
+    attn = random_tensor((12, 3, 49, 49), torch.float32, device)
+    bias = random_tensor((3, 49, 49), torch.float32, device)
+    mask = torch.where(torch.rand((4, 49, 49), device=device) < 0.3, -100.0, 0.0)
+    q, k, v = (random_tensor((8, 2, 49, 32), torch.bfloat16, device) for _ in range(3))
+    att_bias = random_tensor((2, 49, 49), torch.bfloat16, device)
+    return [
+        ("quick_gelu", lambda b: fusedops.quick_gelu(x, backend=b), ("cuda",)),
+        ("layer_norm", lambda b: fusedops.layer_norm(x, (1000,), weight, backend=b), ("cuda",)),
+        ("rms_norm", lambda b: fusedops.rms_norm(x, (1000,), weight, backend=b), ("cuda",)),
+        (
+            "window_partition_roll",
+            lambda b: fusedops.window_partition_roll(windows, 7, -3, backend=b),
+            ("cuda",),
+        ),
+        (
+            "swin_attention_softmax",
+            lambda b: fusedops.swin_attention_softmax(attn, bias, mask, backend=b),
+            ("cuda",),
+        ),
+        (
+            "window_attention",
+            lambda b: fusedops.window_attention(q, k, v, att_bias, backend=b),
+            ("triton", "cuda"),
+        ),
+    ]
+
+
+@pytest.mark.gpu
+def test_kernels_are_picked_automatically_on_a_gpu(monkeypatch):
+    """gpu-only: the automatic pick for real CUDA tensors (the extension built, the kernels'
+    input checks on device tensors); each op's result equals its forced reference's."""
+    from fusedops.testing import assert_close
+
+    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
+    for name, call, kernels in _automatic_pick_cases(torch.device("cuda")):
+        out = call(None)
+        assert dispatch.last_used[name] in kernels, name
+        assert_close(out, call("reference"), msg=name)
+
+
+def test_automatic_pick_cases_run_on_this_device(monkeypatch):
+    """The case table above on the device under test: the automatic pick (native, or a kernel
+    verified on a GPU) against the forced reference, so its inputs and calls are right wherever
+    a GPU is missing."""
+    from fusedops.testing import assert_close
+
+    monkeypatch.delenv("FUSEDOPS_UNVERIFIED", raising=False)
+    for name, call, _ in _automatic_pick_cases(device_under_test()):
+        out = call(None)
+        chosen = dispatch.last_used[name]
+        assert chosen == "native" or dispatch.gpu_verified(name, chosen), (name, chosen)
+        assert_close(out, call("reference"), msg=name)

@@ -442,18 +442,6 @@ def test_float64_takes_the_reference_and_kernels_refuse_it():
             fusedops.layer_norm(x, 6, backend="triton")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_is_picked_automatically_on_gpu(monkeypatch, op, dtype):
-    """gpu-only: what it checks is the automatic pick for a CUDA tensor."""
-    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
-    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
-    x = random_tensor((10, 1000), dtype, "cuda")
-    _call(op, x, (1000,), None, None, None)
-    assert fusedops.dispatch.last_used[op] == "cuda"
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", OPS)
 def test_output_can_be_modified_in_place(op, backend):

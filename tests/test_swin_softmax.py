@@ -290,18 +290,6 @@ def test_bad_inputs(args, error, match):
         fusedops.swin_attention_softmax(*args)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_is_picked_automatically_on_gpu(monkeypatch, dtype):
-    """GPU only: what it checks is the automatic pick for a CUDA tensor."""
-    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
-    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
-    attn, bias, mask = _inputs(3, 4, 3, 49, "-100", dtype)
-    probs = fusedops.swin_attention_softmax(attn, bias, mask)
-    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "cuda"
-    assert_close(probs, oracle(attn.detach(), bias.detach(), mask))
-
-
 # Many windows (several bias-gradient chunks) on a GPU; few on the CPU (the reference, and
 # Triton interpreted: there N past 256 on the reference only, the interpreter takes ~10 s each).
 LENGTHS = [1, 16, 33, 49, 64, 100, 144, 256, 576, 1024]

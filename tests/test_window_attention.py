@@ -507,16 +507,6 @@ def test_more_window_heads_than_a_grid_dim_1_takes(grid_limit, backend, batch, n
         assert max(g[0] for g in grids) == batch * nw * 4 > limit
 
 
-@pytest.mark.gpu
-def test_a_kernel_backend_is_picked_on_gpu(monkeypatch):
-    """GPU only: what it checks is the automatic pick for CUDA tensors."""
-    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
-    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
-    q, k, v, bias, mask = _inputs(4, 2, 49, 32, BF16, mask=(2, -100.0))
-    fusedops.window_attention(q, k, v, bias, mask)
-    assert fusedops.dispatch.last_used["window_attention"] in ("triton", "cuda")
-
-
 def test_attention_core_fuses_without_dropout_and_keeps_dropout_semantics():
     """``attention_core`` (the Swin hook's ``_window_attention_core`` signature): the fused op
     when there is no attention dropout, the unfused math with it."""

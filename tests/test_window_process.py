@@ -269,18 +269,6 @@ def test_bad_inputs(call, error, match):
         call()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_is_picked_automatically_on_gpu(monkeypatch, dtype):
-    """GPU only: what it checks is the automatic pick for a CUDA tensor."""
-    # the automatic pick takes kernels not verified on a GPU only with FUSEDOPS_UNVERIFIED=1
-    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
-    x = random_tensor((2, 14, 21, 96), dtype, "cuda")
-    out = fusedops.window_partition_roll(x, 7, -3)
-    assert fusedops.dispatch.last_used["window_partition_roll"] == "cuda"
-    assert torch.equal(out, oracle_partition(x, 7, -3))
-
-
 def _batch_cases():
     """(backend, windows, grid-dim-1/2 limit): 6 windows past a limit lowered to 3 on every
     backend here; 70000 windows (more than CUDA's 65535 of grid dims 1 and 2) on a GPU."""

@@ -10,9 +10,9 @@ the benchmark tools only (kernel modules never import it): it needs no GPU and l
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
+import importlib
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -42,42 +42,17 @@ class StaticInfo:
 
 def _jit_functions(module) -> dict:
     """name -> kernel of every ``@triton.jit`` function in ``module`` (compiled or interpreted)."""
-    return {
-        name: value
-        for name, value in vars(module).items()
-        if isinstance(value, triton.runtime.KernelInterface) and hasattr(value, "fn")
-    }
+    from triton.runtime.interpreter import InterpretedFunction
+
+    kinds = (triton.runtime.JITFunction, InterpretedFunction)
+    return {name: value for name, value in vars(module).items() if isinstance(value, kinds)}
 
 
-@functools.cache
-def _compilable_module(name: str):
-    """A second copy of module ``name``, executed from its file with Triton's interpreter off,
-    so that its kernels (and the jit functions they call) are compilable JITFunctions."""
-    spec = importlib.util.spec_from_file_location(
-        f"{name}.__compilable__", sys.modules[name].__file__
-    )
-    module = importlib.util.module_from_spec(spec)
-    previous = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        if previous is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
-    return module
-
-
-def compilable(kernel):
-    """``kernel`` as a ``triton.runtime.JITFunction`` that ``triton.compile`` takes: itself, or
-    under ``TRITON_INTERPRET=1`` (where ``@triton.jit`` makes interpreted functions: the CPU
-    test runs) the same kernel from a copy of its module executed with the interpreter off."""
-    if isinstance(kernel, triton.runtime.JITFunction):
-        return kernel
-    if not hasattr(kernel, "fn"):
-        raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__}")
-    return getattr(_compilable_module(kernel.fn.__module__), kernel.fn.__name__)
+def _interpreting() -> bool:
+    """Whether this process runs Triton's interpreter (TRITON_INTERPRET=1, as the CPU tests do):
+    then ``@triton.jit`` made interpreted functions, triton.language's own jit functions
+    included, and nothing here can be compiled."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def signature_of(kernel, constexprs: dict, pointer: str, scalars: dict | None = None) -> dict:
@@ -105,10 +80,13 @@ def _ptxas_resources(ptx: str, arch: int, name: str) -> tuple[int, int, int]:
     ``ptxas -v`` on ``ptx``."""
     from triton.backends.nvidia import compiler
 
-    try:  # Triton >= 3.7 picks ptxas by arch
-        ptxas = compiler.get_ptxas(arch).path
-    except TypeError:
-        ptxas = compiler.get_ptxas().path
+    if hasattr(compiler, "get_ptxas"):
+        try:  # Triton 3.9 picks ptxas by arch, earlier versions take no argument
+            ptxas = compiler.get_ptxas(arch).path
+        except TypeError:
+            ptxas = compiler.get_ptxas().path
+    else:  # Triton <= 3.3
+        ptxas = compiler._path_to_binary("ptxas")[0]
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "kernel.ptx")
         with open(source, "w") as f:
@@ -140,25 +118,68 @@ def compile_static(
     (name -> value) and the launch options ``num_warps``/``num_stages`` (Triton's defaults: 4,
     3), on any machine: no GPU is used. Returns its shared memory per block; with
     ``resources`` also registers and spills (one more ptxas run). Compiled kernels land in
-    Triton's cache, so asking again is quick."""
+    Triton's cache, so asking again is quick. Under TRITON_INTERPRET=1 (the CPU tests) the
+    compile runs in a fresh Python process with the interpreter off, the kernel imported there
+    from its module by name (a module-level kernel)."""
     if not isinstance(arch, int) or arch < 70:
         raise ValueError(f"arch must be a CUDA compute capability >= 70 such as 90, got {arch!r}")
     missing = set(constexprs) - set(signature)
     if missing:
         raise ValueError(f"constexprs {sorted(missing)} are not in the signature")
+    fn = getattr(kernel, "fn", None)
+    if fn is None:
+        raise TypeError(f"kernel must be a @triton.jit function, got {type(kernel).__name__}")
+    request = {
+        "module": fn.__module__,
+        "kernel": fn.__name__,
+        "signature": signature,
+        "constexprs": constexprs,
+        "arch": arch,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "resources": resources,
+    }
+    if _interpreting() or not isinstance(kernel, triton.runtime.JITFunction):
+        return _compile_elsewhere(request)
+    return _compile(kernel, request)
+
+
+def _compile(kernel, request: dict) -> StaticInfo:
     from triton.backends.compiler import GPUTarget
 
-    kernel = compilable(kernel)
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    arch, constexprs = request["arch"], request["constexprs"]
+    source = triton.compiler.ASTSource(kernel, request["signature"], constexprs)
+    options = {"num_warps": request["num_warps"], "num_stages": request["num_stages"]}
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-    info = StaticInfo(kernel.__name__, int(compiled.metadata.shared), num_warps, num_stages)
-    if resources:
+    info = StaticInfo(
+        request["kernel"],
+        int(compiled.metadata.shared),
+        options["num_warps"],
+        options["num_stages"],
+    )
+    if request["resources"]:
         registers, stores, loads = _ptxas_resources(compiled.asm["ptx"], arch, info.name)
         info = dataclasses.replace(
             info, registers=registers, spill_stores=stores, spill_loads=loads
         )
     return info
+
+
+def _compile_elsewhere(request: dict) -> StaticInfo:
+    """``_compile`` in a fresh interpreter with TRITON_INTERPRET=0 (``python -m`` this module,
+    the request as JSON on stdin), the kernel imported from its module by name."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", __name__],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling {request['kernel']} failed:\n{done.stderr[-4000:]}")
+    return StaticInfo(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def source_hash(module) -> str:
@@ -213,3 +234,16 @@ def table(
         "source_hash": source_hash(module),
         "launches": rows,
     }
+
+
+def _main() -> None:
+    """``python -m fusedops.kernels.triton._static``: one compile request (JSON on stdin, see
+    ``compile_static``), its ``StaticInfo`` as JSON on the last line of stdout."""
+    request = json.loads(sys.stdin.read())
+    module = importlib.import_module(request["module"])
+    info = _compile(getattr(module, request["kernel"]), request)
+    print(json.dumps(dataclasses.asdict(info)))
+
+
+if __name__ == "__main__":
+    _main()

@@ -28,6 +28,7 @@ def _gpu_check(*args, tmp_path, **env):
         **os.environ,
         "OUT": str(tmp_path / "out"),
         "GPU_CHECK_SCRATCH": str(tmp_path / "scratch"),
+        "PYTHON": sys.executable,
         **env,
     }
     return subprocess.run(
@@ -76,14 +77,21 @@ def test_dry_run_caps_limits_by_the_budget_and_names_bad_stages(tmp_path):
 def test_suite_runs_bias_dropout_add_first_in_one_worker_then_the_rest(tmp_path):
     done = _gpu_check("--dry-run", "suite:570", tmp_path=tmp_path, WORKERS="12")
     pytest_lines = [line for line in done.stdout.splitlines() if " -m pytest " in line]
-    assert len(pytest_lines) == 3, done.stdout
-    first, main, big = pytest_lines
+    # big_memory parts where pyproject.toml registers the marker (--strict-markers refuses -m
+    # with an unknown one), else the rest of the suite in one part
+    registered = "big_memory:" in (ROOT / "pyproject.toml").read_text()
+    assert len(pytest_lines) == 2 + registered, done.stdout
+    first, main = pytest_lines[:2]
     assert "-n 1 " in first and first.endswith("tests/test_bias_dropout_add.py")
-    assert "-n 12 " in main and "not\\ big_memory" in main
-    assert "--ignore tests/test_bias_dropout_add.py" in main
-    assert "-n 1 " in big and "-m big_memory" in big
+    assert "-n 12 " in main and "--ignore tests/test_bias_dropout_add.py" in main
+    if registered:
+        assert "not\\ big_memory" in main
+        assert "-n 1 " in pytest_lines[2] and "-m big_memory" in pytest_lines[2]
+    else:
+        assert "big_memory" not in main and "no big_memory marker registered" in done.stdout
     junits = [re.search(r"--junitxml (\S+)", line)[1] for line in pytest_lines]
-    assert len(set(junits)) == 3 and all(j.startswith(str(tmp_path / "scratch")) for j in junits)
+    assert len(set(junits)) == len(junits)
+    assert all(j.startswith(str(tmp_path / "scratch")) for j in junits)
     assert all("faulthandler_timeout" in line for line in pytest_lines)
     limits = [int(re.search(r"timeout -s INT -k 20 (\d+)", line)[1]) for line in pytest_lines]
     assert all(seconds <= 570 for seconds in limits)

@@ -106,6 +106,14 @@ pytest_part() { # NAME SECONDS WORKERS PYTEST-ARGS...: one junit XML per part
     return "$rc"
 }
 
+# Whether pyproject.toml registers the big_memory marker: --strict-markers refuses -m with an
+# unknown one. (The list is read whole: grep -q leaving early would fail the pipe, pipefail.)
+big_memory_registered() {
+    local markers
+    markers=$("$PY" -m pytest -p no:cacheprovider --markers 2>/dev/null)
+    grep -q "mark\.big_memory:" <<<"$markers"
+}
+
 commit_of_tree() {
     git rev-parse HEAD 2>/dev/null || echo "${FUSEDOPS_COMMIT:-}"
 }
@@ -114,11 +122,7 @@ stage_suite() {
     local workers=${WORKERS:-4} rc=0
     run mkdir -p "$SCRATCH/junit"
     pytest_part bias_dropout_add $((STAGE_SECONDS / 5)) 1 tests/test_bias_dropout_add.py || rc=1
-    # --strict-markers refuses -m with a marker pyproject.toml does not register (the list is
-    # read whole first: grep -q leaving early would fail the pipe under pipefail)
-    local markers
-    markers=$("$PY" -m pytest -p no:cacheprovider --markers 2>/dev/null)
-    if grep -q "mark\.big_memory:" <<<"$markers"; then
+    if big_memory_registered; then
         pytest_part main $(($(stage_left) - 90)) "$workers" -m "not big_memory" \
             --ignore tests/test_bias_dropout_add.py tests || rc=1
         pytest_part big_memory $(($(stage_left) - 20)) 1 -m big_memory \
@@ -180,7 +184,8 @@ stage_sanitizer() {
     # bias_dropout_add first (half the time), then the other CUDA kernels' tests in one process
     # (memcheck's start-up and torch's import under it cost tens of seconds each time)
     local others=(window_process swin_softmax window_attention nms quick_gelu layer_norm adam)
-    local part seconds files
+    local part seconds files select=(-k cuda)
+    big_memory_registered && select+=(-m "not big_memory")
     for part in bias_dropout_add other_kernels; do
         seconds=$(($(stage_left) - 5))
         if [ "$part" = bias_dropout_add ]; then
@@ -195,7 +200,7 @@ stage_sanitizer() {
         PYTORCH_NO_CUDA_MEMORY_CACHING=1 limited "$seconds" "$sanitizer" --tool memcheck \
             --error-exitcode 99 --print-limit 50 --log-file "$SCRATCH/sanitizer/$part.log" \
             "$PY" -m pytest -q -rfE -p no:cacheprovider -p no:xdist --maxfail 5 \
-            -o faulthandler_timeout=120 -k cuda -m "not big_memory" "${files[@]}"
+            -o faulthandler_timeout=120 "${select[@]}" "${files[@]}"
         local status=$?
         echo "--- sanitizer $part: exit $status (99: memcheck found errors; 124: time limit)"
         # a part cut off by its time limit checked what it ran; an error report or a failure

@@ -4,7 +4,8 @@ model (many small norms + large matrices), fp32 and bf16.
 
 GB/s counts the bytes a step must move: params, exp_avg and exp_avg_sq read and written, grads
 read (7 passes over the params' bytes; moments in the param dtype). Run:
-``python benchmarks/bench_adam.py [vit_b|llama_1b ...] [--dtypes bfloat16,...] [--providers ...]``.
+``python benchmarks/bench_adam.py [vit_b|llama_1b ...] [--dtypes bfloat16,...] [--providers ...]
+[--quick]`` (quick: vit_b in bfloat16 unless models / dtypes are named).
 
 ``--clip`` (issue 28) times AMP unscale + gradient clipping + step instead: torch's sequence
 (``scaler.unscale_``, ``clip_grad_norm_``, ``scaler.step`` of AdamW(fused=True), ``update``)
@@ -25,12 +26,15 @@ import time
 
 import torch
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
+    set_quick,
     timing_fields,
 )
 
@@ -207,16 +211,19 @@ def optimizers(params):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help=f"any of {', '.join(MODELS)} (default: all)")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
+    parser.add_argument("--dtypes", default=None, help="comma-separated (float32,bfloat16)")
     parser.add_argument("--providers", default="", help="comma-separated (default: all)")
     parser.add_argument(
         "--clip", action="store_true", help="unscale + clip + step sequences (issue 28)"
     )
+    add_quick_flag(parser)
     args = parser.parse_args()
+    set_quick(args.quick)
     unknown = set(args.models) - set(MODELS)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
-    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    dtypes = args.dtypes or pick("float32,bfloat16", "bfloat16")
+    dtypes = [getattr(torch, name) for name in dtypes.split(",")]
     wanted = set(filter(None, args.providers.split(",")))
     if args.clip:
         print_rows(run_clip(args.models or ["llama_1b"], dtypes, wanted))
@@ -225,7 +232,7 @@ def main() -> None:
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
     rows = []
-    for model in args.models or list(MODELS):
+    for model in args.models or pick(list(MODELS), ["vit_b"]):
         shapes = MODELS[model]()
         for dtype in dtypes:
             params = make_params(shapes, dtype)

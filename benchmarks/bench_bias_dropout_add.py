@@ -5,7 +5,8 @@ GB/s counts the bytes the op must move: the forward reads x and residual and wri
 passes; bias is negligible), forward+backward adds reading grad and writing grad_x (5 passes;
 grad_residual is grad itself). ``peak_MB`` is the memory a forward+backward allocates beyond
 its inputs (outputs, saved activations, masks, gradients), from torch's allocator.
-Run: ``python benchmarks/bench_bias_dropout_add.py [--p 0.1]``.
+Run: ``python benchmarks/bench_bias_dropout_add.py [--p 0.1] [--quick]`` (quick: 8192 x 1024 and
+16384 x 4096).
 """
 
 from __future__ import annotations
@@ -14,18 +15,22 @@ import argparse
 
 import torch
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
     rotating,
+    set_quick,
     timing_fields,
 )
 from torch.nn import functional as F
 
 SHAPES = [(8192, 1024), (16384, 4096), (32768, 8192)]  # (tokens, hidden)
+QUICK_SHAPES = SHAPES[:2]
 DTYPES = [torch.bfloat16, torch.float32]
 
 
@@ -74,13 +79,15 @@ def make_inputs(tokens: int, hidden: int, dtype: torch.dtype):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--p", type=float, default=0.1, help="dropout probability")
+    add_quick_flag(parser)
     args = parser.parse_args()
+    set_quick(args.quick)
     require_cuda("bench_bias_dropout_add")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s; p = {args.p}")
     rows = []
     for dtype in DTYPES:
-        for tokens, hidden in SHAPES:
+        for tokens, hidden in pick(SHAPES, QUICK_SHAPES):
             size = tokens * hidden * torch.finfo(dtype).bits // 8
             inputs = rotating(make_inputs(tokens, hidden, dtype), 3 * size)
             for name, fn in providers(args.p).items():

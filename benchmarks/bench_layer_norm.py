@@ -12,7 +12,8 @@ peer, never a dependency): measured where ``liger_kernel`` imports (``gpu_check.
 the wheels found in ``.whl/``, see ``benchmarks/fetch_peers.sh``), with the casting mode that
 matches each op (``rms_norm``: all fp32 ("gemma" with offset 0), ``llama_rms_norm``: "llama")
 and its default in-place backward. Run:
-``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|llama_rms_norm|all]``.
+``python benchmarks/bench_layer_norm.py [--op layer_norm|rms_norm|llama_rms_norm|all] [--quick]``
+(quick: M = 4096, N in {1024, 8192}, and the LLM row N = 4096 in bf16).
 """
 
 from __future__ import annotations
@@ -22,13 +23,16 @@ import argparse
 import torch
 import torch.nn.functional as F
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
     rotating,
+    set_quick,
     timing_fields,
 )
 
@@ -127,8 +131,8 @@ def time_directions(fn, inputs) -> dict[str, float]:
 
 def shapes(dtype: torch.dtype) -> list[tuple[int, int]]:
     """(M, N) of the sweep for ``dtype``: M = 4096 over SIZES, then the LLM rows in bf16."""
-    llm = [(LLM_M, n) for n in LLM_SIZES] if dtype == torch.bfloat16 else []
-    return [(M, n) for n in SIZES] + llm
+    llm = [(LLM_M, n) for n in pick(LLM_SIZES, [4096])] if dtype == torch.bfloat16 else []
+    return [(M, n) for n in pick(SIZES, [1024, 8192])] + llm
 
 
 def make_inputs(m: int, n: int, dtype: torch.dtype):
@@ -146,7 +150,9 @@ def make_inputs(m: int, n: int, dtype: torch.dtype):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", choices=[*OPS, "all"], default="all")
+    add_quick_flag(parser)
     args = parser.parse_args()
+    set_quick(args.quick)
     require_cuda("bench_layer_norm")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")

@@ -1,24 +1,31 @@
 """QuickGELU: fusedops (cuda, triton) vs torch eager vs torch.compile, forward and backward.
 
 GB/s counts the bytes the op must move: forward reads x and writes y (2 passes), backward reads
-grad and x and writes dx (3 passes). Run: ``python benchmarks/bench_quick_gelu.py``.
+grad and x and writes dx (3 passes). Run: ``python benchmarks/bench_quick_gelu.py [--quick]``
+(quick: 2^20 and 2^26 elements).
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
     rotating,
+    set_quick,
     timing_fields,
 )
 
 SIZES = [2**20, 2**24, 2**26, 2**28]
+QUICK_SIZES = [2**20, 2**26]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -52,12 +59,15 @@ def providers():
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_quick_flag(parser)
+    set_quick(parser.parse_args().quick)
     require_cuda("bench_quick_gelu")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
     rows = []
     for dtype in DTYPES:
-        for n in SIZES:
+        for n in pick(SIZES, QUICK_SIZES):
             size = n * torch.finfo(dtype).bits // 8
             inputs = rotating(
                 lambda n=n, dtype=dtype: (

@@ -15,9 +15,10 @@ drop_path_rate 0.1) is off so the four runs see the same computation; dropout ra
 swin-tiny's config. Images/s and peak memory cover the steps after the warm-up (which holds
 compilation).
 
-On a GPU: ``python benchmarks/bench_swin.py`` (CSV under benchmarks/results/). Without one it
-runs a smoke test: a tiny Swin on the CPU, a few steps, the same four configurations and the
-same comparison, no speed claim and no CSV.
+On a GPU: ``python benchmarks/bench_swin.py`` (CSV under benchmarks/results/; ``--quick``: eager
+and fusedops only, batch 64, 10 steps of which 3 warm-up, unless given; rows in
+``<gpu>_swin_quick.csv``). Without one it runs a smoke test: a tiny Swin on the CPU, a few
+steps, the same four configurations and the same comparison, no speed claim and no CSV.
 """
 
 from __future__ import annotations
@@ -161,13 +162,17 @@ def compare(results: dict[str, dict]) -> list[str]:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=None, help=f"default {','.join(CONFIGS)}")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--batch", type=int, default=None, help="default 128 (smoke: 4)")
     parser.add_argument("--steps", type=int, default=None, help="default 30 (smoke: 4)")
     parser.add_argument("--warmup", type=int, default=None, help="default 5 (smoke: 1)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per configuration")
+    parser.add_argument(
+        "--quick", action="store_true", help="eager,fusedops, batch 64, 10 steps (3 warm-up)"
+    )
     args = parser.parse_args()
+    args.configs = args.configs or ("eager,fusedops" if args.quick else ",".join(CONFIGS))
     for name in args.configs.split(","):
         if name not in CONFIGS:
             parser.error(f"unknown configuration {name!r}; choose from {', '.join(CONFIGS)}")
@@ -184,9 +189,11 @@ def main() -> None:
     options = {
         "smoke": smoke,
         "device": "cpu" if smoke else "cuda",
-        "batch": args.batch or (4 if smoke else 128),
-        "steps": args.steps or (4 if smoke else 30),
-        "warmup": args.warmup if args.warmup is not None else (1 if smoke else 5),
+        "batch": args.batch or (4 if smoke else 64 if args.quick else 128),
+        "steps": args.steps or (4 if smoke else 10 if args.quick else 30),
+        "warmup": args.warmup
+        if args.warmup is not None
+        else (1 if smoke else 3 if args.quick else 5),
     }
     if not 0 <= options["warmup"] < options["steps"]:
         sys.exit("bench_swin: --warmup must be below --steps")
@@ -209,7 +216,9 @@ def main() -> None:
         print(line)
     if not smoke and results:
         sys.path.insert(0, str(BENCH_DIR))
-        from common import append_rows
+        from common import append_rows, set_quick
+
+        set_quick(args.quick)
 
         rows = [
             {

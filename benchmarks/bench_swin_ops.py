@@ -8,7 +8,8 @@ Softmax: (128*nW, heads, 49, 49) scores with the (heads, 49, 49) bias and the (n
 mask; eager is add + add + softmax. Forward GB/s counts reading the scores and writing the
 probabilities; backward (d_scores and the bias gradient) reading the gradient and the
 probabilities and writing d_scores. Backward times are ``torch.autograd.grad`` of a recorded
-forward. Run: ``python benchmarks/bench_swin_ops.py [--dtypes bfloat16,float32]``.
+forward. Run: ``python benchmarks/bench_swin_ops.py [--dtypes bfloat16,float32] [--quick]`` (quick:
+stages 1 and 4, bfloat16 unless --dtypes is given).
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ import argparse
 
 import torch
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
     rotating,
+    set_quick,
     timing_fields,
 )
 
 BATCH, WINDOW, SHIFT, N = 128, 7, 3, 49
 DEVICE = "cuda"
 STAGES = [(56, 96, 3), (28, 192, 6), (14, 384, 12), (7, 768, 24)]  # (H = W, C, heads)
+QUICK_STAGES = [STAGES[0], STAGES[-1]]
 
 
 def eager_partition(x):
@@ -115,7 +120,7 @@ def _row(op, provider, dtype, shape, direction, ms, bytes_moved, copy_bw):
 
 def bench_window_ops(dtype, copy_bw) -> list[dict]:
     rows = []
-    for size, channels, _ in STAGES:
+    for size, channels, _ in pick(STAGES, QUICK_STAGES):
         shape = (BATCH, size, size, channels)
         count = BATCH * (size // WINDOW) ** 2
         nbytes = BATCH * size * size * channels * torch.finfo(dtype).bits // 8
@@ -142,7 +147,7 @@ def bench_window_ops(dtype, copy_bw) -> list[dict]:
 
 def bench_softmax(dtype, copy_bw) -> list[dict]:
     rows = []
-    for size, _, heads in STAGES:
+    for size, _, heads in pick(STAGES, QUICK_STAGES):
         windows = (size // WINDOW) ** 2
         shape = (BATCH * windows, heads, N, N)
         nbytes = BATCH * windows * heads * N * N * torch.finfo(dtype).bits // 8
@@ -167,13 +172,16 @@ def bench_softmax(dtype, copy_bw) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--dtypes", default=None, help="default: bfloat16,float32")
+    add_quick_flag(parser)
     args = parser.parse_args()
+    set_quick(args.quick)
     require_cuda("bench_swin_ops")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
     rows = []
-    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+    dtypes = args.dtypes or pick("bfloat16,float32", "bfloat16")
+    for dtype in (getattr(torch, d) for d in dtypes.split(",")):
         rows += bench_window_ops(dtype, copy_bw)
         rows += bench_softmax(dtype, copy_bw)
     print_rows(rows)

@@ -15,7 +15,8 @@ bytes the fused op must move: forward reads q, k, v and writes out (plus bias an
 backward reads q, k, v, out, dout and writes dq, dk, dv. Peak memory is the increase of
 ``torch.cuda.max_memory_allocated`` over the inputs during one call.
 
-Run: ``python benchmarks/bench_window_attention.py [--cases stage1,n144] [--dtypes bfloat16]``.
+Run: ``python benchmarks/bench_window_attention.py [--cases stage1,n144] [--dtypes bfloat16]
+[--quick]`` (quick: cases swin_t_stage1 and window12_n144 unless --cases is given).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ import argparse
 import torch
 import torch.nn.functional as F
 from common import (
+    add_quick_flag,
     append_rows,
     compiled,
     copy_bandwidth_gbps,
     median_ms,
+    pick,
     print_rows,
     require_cuda,
     rotating,
+    set_quick,
     timing_fields,
 )
 
@@ -132,10 +136,13 @@ def bytes_moved(shape, dtype, direction) -> int:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated CASES names")
+    parser.add_argument("--cases", default=None, help="comma-separated CASES names (all)")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="bfloat16,float32")
     parser.add_argument("--providers", default=None, help="comma-separated (default: all)")
+    add_quick_flag(parser)
     args = parser.parse_args()
+    set_quick(args.quick)
+    args.cases = args.cases or pick(",".join(CASES), "swin_t_stage1,window12_n144")
     for name in args.cases.split(","):
         if name not in CASES:
             parser.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
@@ -166,8 +173,8 @@ def summary(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    require_cuda("bench_window_attention")
     args = parse_args()
+    require_cuda("bench_window_attention")
     copy_bw = copy_bandwidth_gbps()
     print(f"device copy bandwidth: {copy_bw:.0f} GB/s")
     chosen = providers()

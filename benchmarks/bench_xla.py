@@ -14,7 +14,8 @@ torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
 ``.log`` beside it.
 
 Run: ``.venv/bin/python benchmarks/bench_xla.py [--steps N] [--rounds R] [--device cpu|cuda]
-[--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16] [--backends eager,xla,inductor]``
+[--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16] [--backends eager,xla,inductor]
+[--quick]`` (quick: 1 round of 6 steps, eager and xla, unless given; rows in ``..._xla_quick.csv``)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import hf_models  # noqa: E402
-from benchmarks.common import gpu_name  # noqa: E402
+from benchmarks.common import add_quick_flag, gpu_name, pick, set_quick  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FIELDS = ["date", "device", "model", "backend", "step_ms_median", "compile_s", "notes"]
@@ -235,8 +236,8 @@ def bridge_overhead_us(n: int = 2000) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=21)
-    parser.add_argument("--backends", default="eager,xla,inductor")
+    parser.add_argument("--steps", type=int, default=None, help="default 21 (quick: 6)")
+    parser.add_argument("--backends", default=None, help="default eager,xla,inductor")
     parser.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
@@ -258,8 +259,9 @@ def main() -> None:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=2,
-        help="each round runs every backend twice (mirrored order), each in a new process",
+        default=None,
+        help="each round runs every backend twice (mirrored order), each in a new process "
+        "(default 2, quick: 1)",
     )
     parser.add_argument(
         "--omp-wait-policy",
@@ -268,8 +270,12 @@ def main() -> None:
         "torch's OpenMP threads sleep instead of spinning between ops, leaving the cores to "
         "XLA's threads (on 2 cores the spinning costs partial_trace about 30%%)",
     )
+    add_quick_flag(parser)
     args = parser.parse_args()
-    backends = args.backends.split(",")
+    set_quick(args.quick)
+    args.steps = args.steps or pick(21, 6)
+    args.rounds = args.rounds or pick(2, 1)
+    backends = (args.backends or pick("eager,xla,inductor", "eager,xla")).split(",")
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         print("bench_xla --device cuda: no CUDA device here (skipped)")
@@ -291,7 +297,7 @@ def main() -> None:
 
     device = gpu_name() if cuda else f"cpu-{os.cpu_count()}core-{platform.machine()}"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / (f"{device}_xla.csv" if cuda else "cpu-xla.csv")
+    path = RESULTS / ((f"{device}_xla" if cuda else "cpu-xla") + pick("", "_quick") + ".csv")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     say(
         f"fusedops.xla {args.device.upper()} benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}"

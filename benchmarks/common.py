@@ -20,6 +20,31 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 L2_BYTES = 64 * 2**20  # larger than any H100/H200 L2 (50-60 MB)
+#: Brief mode (``--quick``, gpu_check.sh's bench-brief stage): a few representative sizes,
+#: short timing, rows in ``<gpu>_<benchmark>_quick.csv`` apart from the full runs' files.
+QUICK = False
+
+
+def add_quick_flag(parser) -> None:
+    """Give an argparse ``parser`` the ``--quick`` flag (brief mode; see ``set_quick``)."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="brief: a few representative sizes, short timing, rows in <gpu>_<name>_quick.csv",
+    )
+
+
+def set_quick(enabled: bool) -> bool:
+    """Turn brief mode on or off (median_ms times fewer repeats, append_rows writes the
+    ``_quick`` file); returns ``enabled``."""
+    global QUICK
+    QUICK = bool(enabled)
+    return QUICK
+
+
+def pick(full, quick):
+    """``quick`` in brief mode, else ``full`` (e.g. the sizes of a sweep)."""
+    return quick if QUICK else full
 
 
 def require_cuda(name: str) -> None:
@@ -48,10 +73,12 @@ def number(text: str | None) -> float | None:
 
 
 def median_ms(fn: Callable[[], object]) -> float:
-    """Median time of ``fn`` in milliseconds (triton.testing.do_bench: warm-up, L2 flushed)."""
+    """Median time of ``fn`` in milliseconds (triton.testing.do_bench: warm-up, L2 flushed;
+    25 ms of warm-up and 100 ms of repeats, 5 and 20 in brief mode)."""
     import triton.testing
 
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    warmup, rep = pick((25, 100), (5, 20))
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
 @functools.cache
@@ -93,9 +120,10 @@ def timing_fields(ms: float, bytes_moved: int, copy_bw: float) -> dict:
 
 def append_rows(rows: list[dict], name: str | None = None) -> Path:
     """Append result rows (dicts with the same keys) to results/<gpu>_<name>.csv, one file per
-    benchmark so every file has one header (name: the calling script's, bench_ dropped)."""
+    benchmark so every file has one header (name: the calling script's, bench_ dropped;
+    ``_quick`` added in brief mode)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = name or Path(sys.argv[0]).stem.removeprefix("bench_")
+    name = (name or Path(sys.argv[0]).stem.removeprefix("bench_")) + pick("", "_quick")
     path = RESULTS / f"{gpu_name()}_{name}.csv"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = [{"date": stamp, "gpu": torch.cuda.get_device_name(), **row} for row in rows]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fusedops
+from fusedops.kernels.device import same_device
 from fusedops.ops import philox
 from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, reference
 from fusedops.testing import (
@@ -411,6 +412,38 @@ def test_generator_on_another_device_is_named():
     x = torch.ones(3, device="meta")
     with pytest.raises(ValueError, match="generator is on cpu but x is on meta"):
         fusedops.bias_dropout_add(x, None, x, 0.5, generator=torch.Generator())
+
+
+def test_generator_device_without_index_is_the_current_device(monkeypatch):
+    """``torch.Generator("cuda").device`` has no index while a tensor's has one: the check
+    compares types and indices, None read as the current device (0 before CUDA starts, found
+    without starting it), so only another type or another index is refused."""
+    cuda, cuda0, cuda1 = (torch.device(d) for d in ("cuda", "cuda:0", "cuda:1"))
+    started = torch.cuda.is_initialized()
+    assert same_device(cuda, cuda0) and same_device(cuda0, cuda) and same_device(cuda1, cuda1)
+    assert not same_device(cuda, cuda1) and not same_device(cuda0, cuda1)
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+    assert not same_device(torch.device("cpu"), cuda0) and not same_device(
+        cuda, torch.device("meta")
+    )
+    assert torch.cuda.is_initialized() == started  # asking started nothing
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert same_device(cuda, cuda1) and not same_device(cuda, cuda0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_generator_of_the_device_type_without_index_is_accepted(backend):
+    """A generator made from the bare type name (``torch.Generator("cpu")`` /
+    ``torch.Generator("cuda")``) drives the op on a tensor of that device, the same mask from
+    the same seed as a generator with the index."""
+    x = torch.ones(4, 33, device=DEVICE)
+    zeros = torch.zeros_like(x)
+    bare = torch.Generator(x.device.type).manual_seed(21)
+    indexed = torch.Generator(x.device).manual_seed(21)
+    out = fusedops.bias_dropout_add(x, None, zeros, 0.5, generator=bare, backend=backend)
+    want = fusedops.bias_dropout_add(x, None, zeros, 0.5, generator=indexed, backend=backend)
+    assert torch.equal(out, want) and bool((out == 0).any())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -21,10 +21,28 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def device_index(device: torch.device) -> int | None:
+    """``device``'s index, an index of None read as the current device of its type (CUDA's
+    ``torch.cuda.current_device()``, 0 while CUDA is not initialised, which is the device it
+    would start on, so asking initialises nothing); None for the unindexed types cpu and meta."""
+    if device.index is not None or device.type in ("cpu", "meta"):
+        return device.index
+    backend = getattr(torch, device.type, None)
+    initialized = getattr(backend, "is_initialized", None)
+    if initialized is not None and initialized():
+        return backend.current_device()
+    return 0
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` name the same device: same type and index, an index of None
+    being the current device (``cuda`` is ``cuda:0`` when device 0 is current)."""
+    return a.type == b.type and device_index(a) == device_index(b)
+
+
 def multiprocessors(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA ``device`` (no index: the current device); cached."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _multiprocessors(index)
+    return _multiprocessors(device_index(device))
 
 
 def programs_to_fill(device: torch.device, per_sm: int, elsewhere: int) -> int:

@@ -48,6 +48,7 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.device import same_device
 from fusedops.ops import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
@@ -251,7 +252,7 @@ def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names)
     rate = p if training else 0.0
     seed = None
     if 0.0 < rate < 1.0:
-        if generator is not None and generator.device != x.device:
+        if generator is not None and not same_device(generator.device, x.device):
             raise ValueError(f"generator is on {generator.device} but {x_name} is on {x.device}")
         seed = draw_seed(x.device, generator)
     if residual.shape != x.shape:

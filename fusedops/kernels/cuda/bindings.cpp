@@ -439,8 +439,9 @@ void bias_dropout_add_forward(const at::Tensor& src, const std::optional<at::Ten
   if (residual.has_value()) check_input(*residual, "residual", out);
   const int64_t cols = bias.has_value() ? bias->numel() : 1;
   const float* bias_ptr = float_ptr(bias, "bias", cols, out);
-  TORCH_CHECK(!bias.has_value() || (cols > 0 && src.numel() % cols == 0), "bias has ", cols,
-              " elements, not a divisor of src's ", src.numel());
+  // a zero-width bias goes with an empty src (the launcher returns before any launch)
+  TORCH_CHECK(!bias.has_value() || (cols > 0 ? src.numel() % cols == 0 : src.numel() == 0),
+              "bias has ", cols, " elements, not a divisor of src's ", src.numel());
   const auto params = dropout_params(seed, threshold, scale, mode, out);
   c10::cuda::CUDAGuard guard(out.device());
   check_launch(fusedops::bias_dropout_add_forward(

@@ -30,6 +30,8 @@ key blocks (at most 16) and the window groups (at most 65535, ``device.groups_to
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +43,17 @@ from fusedops.kernels.device import groups_to_fill, multiprocessors
 MAX_BLOCK = 64
 #: The backward's key block for d = 128 (k, v, dk, dv tiles held per program).
 BACKWARD_BLOCK_D128 = 32
+#: Triton's software pipelining depth (its default, 3: loads of the next blocks in flight).
+NUM_STAGES = 3
+#: Launches whose shared memory at the defaults passes an H100 block's 227 KiB (Triton 3.9 for
+#: sm_90: 246,016 B for the fp32 forward at d = 128 and 64-wide blocks), keyed by (kernel, input
+#: bytes per element, d), take these (largest block, pipelining depth) instead. Checked for
+#: every launch the dispatch can make by tests/test_window_attention_static.py, which compiles
+#: them for sm_90 on a CPU-only machine (kernels/triton/_static.py).
+SHARED_MEMORY_CAPS = {
+    # 102,528 B with 32-wide blocks; the backward (64 x 32 blocks) takes 189,440 B as it is
+    ("_forward_kernel", 4, 128): (32, NUM_STAGES),
+}
 #: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
 PROGRAMS_PER_SM = 8
 #: Window groups G of a CPU (interpreter) run: small, but more than one.
@@ -404,13 +417,75 @@ def _warps(block: int) -> int:
     return 4 if block >= 64 else 2
 
 
-def _dot_options(dtype: torch.dtype) -> dict:
+def _dot_options(dtype: torch.dtype, interpreter: bool) -> dict:
     """PRECISION: fp32 inputs get full fp32 products (TF32 would miss the fp32 tolerance),
     16-bit ones the default. UPCAST: bf16 products in fp32 under the CPU interpreter."""
     return {
         "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "UPCAST": dtype == torch.bfloat16 and dispatch.triton_interpreter(),
+        "UPCAST": dtype == torch.bfloat16 and interpreter,
     }
+
+
+def _caps(kernel: str, d: int, dtype: torch.dtype, block: int) -> tuple[int, int]:
+    """(largest block, pipelining depth) of ``kernel``'s launches at head dim d."""
+    return SHARED_MEMORY_CAPS.get((kernel, dtype.itemsize, d), (block, NUM_STAGES))
+
+
+def launch_options(n: int, d: int, dtype: torch.dtype, interpreter: bool = False) -> dict:
+    """The compile-time options of the launches for windows of n tokens, head dim d and
+    inputs of ``dtype``, by kernel name (``_forward_kernel``, ``_backward_kernel`` and, when
+    the backward's key block does not cover the window, ``_backward_dq_kernel``): constexprs
+    (HAS_BIAS, HAS_MASK and BIAS_GRAD left to the call), ``num_warps`` and ``num_stages``."""
+    dot = _dot_options(dtype, interpreter)
+    block, stages = _caps("_forward_kernel", d, dtype, MAX_BLOCK)
+    block = _block(n, block)
+    options = {
+        "_forward_kernel": dict(
+            BLOCK_M=block, BLOCK_N=block, D=d, num_warps=_warps(block), num_stages=stages, **dot
+        )
+    }
+    key_cap, stages = _caps(
+        "_backward_kernel", d, dtype, BACKWARD_BLOCK_D128 if d == 128 else MAX_BLOCK
+    )
+    block_m, block_n = _block(n), _block(n, key_cap)
+    backward = dict(
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        D=d,
+        num_warps=_warps(max(block_m, block_n)),
+        num_stages=stages,
+        **dot,
+    )
+    one_key_block = triton.cdiv(n, block_n) == 1
+    flags = dict(ONE_KEY_BLOCK=one_key_block, ONE_QUERY_BLOCK=block_m >= n)
+    options["_backward_kernel"] = {**backward, **flags}
+    if not one_key_block:
+        _, stages = _caps("_backward_dq_kernel", d, dtype, MAX_BLOCK)
+        options["_backward_dq_kernel"] = {**backward, "num_stages": stages}
+    return options
+
+
+def static_launches(n_values, head_dims, dtypes) -> list[tuple]:
+    """The distinct GPU launches windows of ``n_values`` tokens, head dims ``head_dims`` and
+    inputs of ``dtypes`` make, as (kernel, pointer type, constexprs, num_warps, num_stages)
+    with kernel the ``@triton.jit`` function and pointer type e.g. ``"*bf16"``; HAS_BIAS,
+    HAS_MASK and BIAS_GRAD on (their tiles only add to what a launch holds). For compiling
+    them ahead of a GPU (kernels/triton/_static.py)."""
+    kernels = {k.__name__: k for k in (_forward_kernel, _backward_kernel, _backward_dq_kernel)}
+    pointers = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
+    seen = {}
+    for dtype, d, n in itertools.product(dtypes, head_dims, n_values):
+        for name, options in launch_options(n, d, dtype).items():
+            constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+            constexprs.update(HAS_BIAS=True, HAS_MASK=True)
+            if name == "_backward_kernel":
+                constexprs["BIAS_GRAD"] = True
+            launch = (kernels[name], pointers[dtype], constexprs)
+            launch += (options["num_warps"], options["num_stages"])
+            seen.setdefault(
+                (name, pointers[dtype], *sorted(constexprs.items()), *launch[3:]), launch
+            )
+    return list(seen.values())
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -445,9 +520,9 @@ def forward(q, k, v, bias, mask, scale):
     lse = _alloc.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     if q.numel() == 0:
         return out, lse
-    block = _block(n)
+    options = launch_options(n, d, q.dtype, dispatch.triton_interpreter())["_forward_kernel"]
     dummy = _dummy(q)
-    grid = (windows * heads, triton.cdiv(n, block))  # dims 1, 2 <= 65535: not windows * heads
+    grid = (windows * heads, triton.cdiv(n, options["BLOCK_M"]))  # dims 1, 2 <= 65535
     _forward_kernel[grid](
         q,
         k,
@@ -465,11 +540,7 @@ def forward(q, k, v, bias, mask, scale):
         scale,
         HAS_BIAS=bias is not None,
         HAS_MASK=mask is not None,
-        BLOCK_M=block,
-        BLOCK_N=block,
-        D=d,
-        num_warps=_warps(block),
-        **_dot_options(q.dtype),
+        **options,
     )
     return out, lse
 
@@ -482,9 +553,9 @@ def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = _alloc.empty(v.shape, dtype=v.dtype, device=v.device)
-    block_m = _block(n)
-    block_n = _block(n, BACKWARD_BLOCK_D128 if d == 128 else MAX_BLOCK)
-    key_blocks = triton.cdiv(n, block_n)
+    launches = launch_options(n, d, q.dtype, dispatch.triton_interpreter())
+    options = launches["_backward_kernel"]
+    key_blocks = triton.cdiv(n, options["BLOCK_N"])
     groups = _groups(q, key_blocks)
     bias_grad = bias_grad and bias is not None
     partial = None
@@ -504,21 +575,13 @@ def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     )
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(dout))
     num_masks = mask.shape[0] if mask is not None else 1
-    options = dict(
-        HAS_BIAS=bias is not None,
-        HAS_MASK=mask is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        D=d,
-        num_warps=_warps(max(block_m, block_n)),
-        **_dot_options(q.dtype),
-    )
-    one_key_block = key_blocks == 1
+    flags = dict(HAS_BIAS=bias is not None, HAS_MASK=mask is not None)
     delta = dummy
-    if not one_key_block:  # dq and the rows' delta first: the dk/dv kernel reads delta
+    if "_backward_dq_kernel" in launches:  # dq and the rows' delta first: dk/dv reads delta
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-        _backward_dq_kernel[(windows * heads, triton.cdiv(n, block_m))](
-            *inputs, delta, dq, *strides, heads, n, num_masks, scale, **options
+        dq_options = launches["_backward_dq_kernel"]
+        _backward_dq_kernel[(windows * heads, triton.cdiv(n, dq_options["BLOCK_M"]))](
+            *inputs, delta, dq, *strides, heads, n, num_masks, scale, **flags, **dq_options
         )
     _backward_kernel[(heads, key_blocks, groups)](  # groups <= 65535 (groups_to_fill)
         *inputs,
@@ -535,8 +598,7 @@ def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
         groups,
         scale,
         BIAS_GRAD=bias_grad,
-        ONE_KEY_BLOCK=one_key_block,
-        ONE_QUERY_BLOCK=block_m >= n,
+        **flags,
         **options,
     )
     return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None

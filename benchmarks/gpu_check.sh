@@ -59,6 +59,9 @@ export OUT BUDGET PY SCRATCH GPU_CHECK_DRY_RUN
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # JAX shares the GPU with torch: no preallocation of 75% of its memory.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The GPU run is what verifies kernels: automatic picks (hooks, modules, the demo, benchmarks)
+# take the kernels here, verified or not (tests of the verified rule unset it themselves).
+export FUSEDOPS_UNVERIFIED="${FUSEDOPS_UNVERIFIED:-1}"
 
 # A command, or in a dry run its words.
 run() {

@@ -16,7 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-BENCHES = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+BENCHES = [
+    p for p in sorted((ROOT / "benchmarks").glob("bench_*.py")) if p.stem != "bench_cpu_fallback"
+]  # CPU-only: not in the GPU brief
 #: What the device tool brings back: at most this many files from $OUT.
 MAX_FILES = 8
 

@@ -14,13 +14,14 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     device_under_test,
+    kernel_backends_under_test,
     non_contiguous,
     random_tensor,
 )
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNELS = [b for b in BACKENDS if b != "reference"]
+KERNELS = kernel_backends_under_test()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (shape, with bias): quads aligned with rows (H % 4 == 0) or not, one row, larger than a tile
 SHAPES = [

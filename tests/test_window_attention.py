@@ -20,13 +20,14 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     device_under_test,
+    kernel_backends_under_test,
     non_contiguous,
     random_tensor,
 )
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+KERNEL_BACKENDS = kernel_backends_under_test()
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 GRAD_SCALE = 4.0
 

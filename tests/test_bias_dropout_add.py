@@ -9,7 +9,7 @@ import torch
 
 import fusedops
 from fusedops.ops import philox
-from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, native, native_keep_mask, reference
+from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, native, native_drop_mask, reference
 from fusedops.testing import (
     assert_close,
     backends_under_test,
@@ -55,7 +55,7 @@ def _inputs(shape, dtype, with_bias, residual_dtype=None):
 
 def _expected(x, bias, residual, grad, seed, p, backend="reference"):
     """The float64 reference output and gradients (x, bias, residual) for this seed, with the
-    mask ``backend`` draws by default (Philox; native: torch's, ``native_keep_mask``)."""
+    mask ``backend`` draws by default (Philox; native: torch's, ``native_drop_mask``)."""
     impl = native if backend == "native" else reference
     x64, r64 = x.detach().double(), residual.detach().double()
     b64 = None if bias is None else bias.detach().double()
@@ -204,13 +204,13 @@ def test_portable_mask_is_the_philox_mask_on_native(monkeypatch, how):
 
 
 def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
-    """The native mask is torch's bernoulli from the seed's key (CPU; the Philox words on other
+    """The native drop mask is torch's bernoulli from the seed's key (CPU; the Philox words on other
     devices): the same seed, the same mask; dropped elements are 0 even where x is NaN/inf, in
     eager mode (torch's autograd) and in the custom op (the native namespace)."""
     seed = draw_seed(DEVICE)
-    first, again = (native_keep_mask(seed, 0.3, (50, 40)) for _ in range(2))
+    first, again = (native_drop_mask(seed, 0.3, (50, 40)) for _ in range(2))
     assert torch.equal(first, again) and first.shape == (50, 40)
-    assert not torch.equal(first, native_keep_mask(draw_seed(DEVICE), 0.3, (50, 40)))
+    assert not torch.equal(first, native_drop_mask(draw_seed(DEVICE), 0.3, (50, 40)))
     x = torch.full((50, 40), float("nan"), device=DEVICE)
     x[::2] = float("inf")
     residual = torch.zeros_like(x)
@@ -222,7 +222,7 @@ def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
     op_seed = draw_seed(DEVICE)
     from_op = torch.ops.fusedops.bias_dropout_add(x, None, residual, op_seed, 0.3, "native", False)
     assert torch.equal(eager.isnan() | eager.isinf(), from_op.isnan() | from_op.isinf())
-    assert torch.equal(eager == 0, native_keep_mask(op_seed, 0.3, x.shape).logical_not())
+    assert torch.equal(eager == 0, native_drop_mask(op_seed, 0.3, x.shape))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

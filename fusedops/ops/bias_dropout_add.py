@@ -36,7 +36,7 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
 
 - The native backend (the automatic pick on CPU and where no GPU-verified kernel runs) uses
   torch's random numbers unless ``portable_mask=True`` / ``FUSEDOPS_PORTABLE_DROPOUT=1`` asks
-  for the Philox mask: ``native_keep_mask`` (CPU: torch's bernoulli from a generator seeded with
+  for the Philox mask: ``native_drop_mask`` (CPU: torch's bernoulli from a generator seeded with
   the seed's key; other devices: the Philox words, no host sync). In eager mode it runs with
   torch's autograd (the mask is kept, one byte an element); the custom ops (torch.compile,
   export) regenerate the same mask from the seed. The custom ops take ``portable`` after
@@ -120,19 +120,19 @@ reference = SimpleNamespace(
 # let torch's autograd keep it (``_native_eager``); the custom ops regenerate it in the backward.
 
 
-def native_keep_mask(seed: torch.Tensor, p: float, shape) -> torch.Tensor:
-    """The native backend's keep-mask (bool, ``shape``) for ``seed`` and 0 < p < 1."""
+def native_drop_mask(seed: torch.Tensor, p: float, shape) -> torch.Tensor:
+    """The native backend's drop-mask (bool, ``shape``; True: dropped) for ``seed`` and
+    0 < p < 1."""
     if seed.device.type != "cpu":
-        return keep_mask(seed, p, math.prod(shape)).view(shape)
+        return keep_mask(seed, p, math.prod(shape)).view(shape).logical_not_()
     generator = torch.Generator().manual_seed(int(seed[0]))
-    return torch.empty(shape, dtype=torch.bool).bernoulli_(1.0 - p, generator=generator)
+    return torch.empty(shape, dtype=torch.bool).bernoulli_(p, generator=generator)
 
 
 def _native_dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tensor:
     if philox.dropout_mode(p, seed is not None) != philox.RANDOM:
         return _dropout(v, seed, p)
-    keep = native_keep_mask(seed, p, v.shape)
-    return (v * philox.dropout_scale(p)).masked_fill_(~keep, 0)
+    return torch.where(native_drop_mask(seed, p, v.shape), 0.0, v * philox.dropout_scale(p))
 
 
 native = SimpleNamespace(
@@ -144,16 +144,20 @@ native = SimpleNamespace(
 def _native_eager(x, bias, residual, seed, p):
     """The native op with torch's autograd (eager mode; form (b)): the mask is kept by autograd
     (one byte an element) instead of regenerated. x contiguous, bias (H,) or None, residual
-    broadcastable to x; p < 1 (p = 1 goes through the op: its gradient of x is zeros, not None)."""
+    broadcastable to x; p < 1 (p = 1 goes through the op: its gradient of x is zeros, not None).
+    The same roundings as the custom op's native namespace (so compiled and eager code agree
+    bit for bit)."""
     compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
-    if seed is None:  # p = 0: no dropout
-        v = v if bias is None else v + bias.to(compute)
-    else:
-        drop = ~native_keep_mask(seed, p, x.shape)
+    if bias is not None:
+        v = v + bias.to(compute)
+    if seed is not None:
         scale = philox.dropout_scale(p)
-        v = v * scale if bias is None else (v + bias.to(compute)).mul_(scale)
-        v = v.masked_fill_(drop, 0)
+        v = torch.where(
+            native_drop_mask(seed, p, x.shape),
+            0.0,
+            v.mul_(scale) if bias is not None else v * scale,
+        )
     return (residual.to(compute) + v).to(residual.dtype)
 
 

@@ -193,8 +193,8 @@ def cases() -> dict[str, Callable[[], tuple]]:
             s
         )
         for direction in ("partition", "reverse"):
-            table[f"window_{direction}_roll Swin-T stage {stage}"] = (
-                lambda s=stage, d=direction: _window_process_case(s, d)
+            table[f"window_{direction}_roll Swin-T stage {stage}"] = lambda s=stage, d=direction: (
+                _window_process_case(s, d)
             )
     for n in (1000, 10000):
         table[f"nms {n} boxes"] = lambda n=n: _nms_case(n)

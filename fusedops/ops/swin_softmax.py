@@ -16,8 +16,8 @@ mask already in the compute dtype (fp32; fp64 with fp64 attn), and
 ``backward(grad, probs) -> (d_attn, d_bias)``.
 
 Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
-mode the additions and ``aten._safe_softmax`` with torch's autograd (form (b)); the custom op
-keeps the reference's formula (no native namespace).
+mode the additions and torch's softmax (``_swin.native_softmax``) with torch's autograd (form
+(b)); the custom op keeps the reference's formula (no native namespace).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
-from fusedops.ops._swin import add_window_mask, masked_softmax
+from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax
 
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
 MAX_N = {"triton": 4096, "cuda": 1024}
@@ -192,5 +192,5 @@ def swin_attention_softmax(
         z = attn.to(dtype) + bias
         if attn_mask is not None:
             z = add_window_mask(z, attn_mask)
-        return torch.ops.aten._safe_softmax(z, -1).to(attn.dtype)
+        return native_softmax(z).to(attn.dtype)
     return SWIN_ATTENTION_SOFTMAX(attn, bias, attn_mask, backend)

@@ -23,9 +23,9 @@ it). q, k, v and dout may be strided views (last dim stride 1 for the kernels); 
 are contiguous.
 
 Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
-mode matmul + ``aten._safe_softmax`` + matmul with torch's autograd (form (b)); the custom op
-(torch.compile, export, XLA) keeps the reference's formula (matmul + softmax: no native
-namespace).
+mode matmul + torch's softmax (``_swin.native_softmax``) + matmul with torch's autograd (form
+(b)); the custom op (torch.compile, export, XLA) keeps the reference's formula (matmul +
+softmax: no native namespace).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
-from fusedops.ops._swin import add_window_mask, masked_softmax, shifted_exp
+from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax, shifted_exp
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -273,10 +273,10 @@ def window_attention(
 
 
 def _native_eager(q, k, v, bias, mask, scale):
-    """The native path in eager mode: matmul, ``aten._safe_softmax`` (fully masked rows give 0,
+    """The native path in eager mode: matmul, ``native_softmax`` (fully masked rows give 0,
     NaN rows NaN: the op's rule), matmul, differentiated by torch's autograd."""
     s = _scores(q, k, bias, mask, scale)
-    probs = torch.ops.aten._safe_softmax(s, -1)
+    probs = native_softmax(s)
     return torch.matmul(probs, v.to(s.dtype)).to(q.dtype)
 
 

@@ -199,6 +199,11 @@ def _print_table(rows: list[dict]) -> None:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     print(f"(peak memory: {rows[0]['memory_kind']})")
+    if any(backend == "native" for row in rows for backend in row["backends"].values()):
+        print(
+            "(fusedops' fused kernels run on a GPU; here PyTorch's native ops ran in their place, "
+            "the 'native' backend)"
+        )
     for row in rows[1:]:
         print(
             f"\n{row['config']}: optimizer {row['optimizer']}, LayerNorm {row['layer_norm_class']}"

@@ -98,11 +98,12 @@ def device_under_test() -> torch.device:
 
 
 def backends_under_test() -> list[str]:
-    """Backends the suite can check on this machine: reference always; triton on a GPU or
-    under TRITON_INTERPRET=1; cuda on a GPU with a CUDA build of torch."""
+    """Backends the suite can check on this machine: reference and native (PyTorch's own ops)
+    always; triton on a GPU or under TRITON_INTERPRET=1; cuda on a GPU with a CUDA build of
+    torch."""
     from fusedops import dispatch
 
-    backends = ["reference"]
+    backends = ["reference", "native"]
     if importlib.util.find_spec("triton") is not None and (
         torch.cuda.is_available() or dispatch.triton_interpreter()
     ):
@@ -134,6 +135,13 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return Path(root)
+
+
+def kernel_backends_under_test() -> list[str]:
+    """The fused-kernel backends among ``backends_under_test()`` (triton, cuda)."""
+    from fusedops import dispatch
+
+    return [b for b in backends_under_test() if b in dispatch.KERNEL_BACKENDS]
 
 
 def autohooks_installed() -> bool:

@@ -13,11 +13,16 @@ import torch
 import fusedops
 from fusedops import dispatch, hooks
 from fusedops.optim import FusedAdam, FusedAdamW
-from fusedops.testing import assert_close, backends_under_test, device_under_test
+from fusedops.testing import (
+    assert_close,
+    backends_under_test,
+    device_under_test,
+    kernel_backends_under_test,
+)
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+KERNEL_BACKENDS = kernel_backends_under_test()
 PAIRS = {"adam": (FusedAdam, torch.optim.Adam), "adamw": (FusedAdamW, torch.optim.AdamW)}
 #: Params of every rank, odd sizes (1, 7, 1000, 65537) and zero-size ones.
 SHAPES = [(1,), (7,), (10, 100), (65537,), (2, 3, 1, 5), (3, 0), (0,)]
@@ -115,6 +120,15 @@ def test_reference_matches_torch(kind, precision, weight_decay, amsgrad, maximiz
 )
 def test_kernel_matches_torch(backend, kind, precision, weight_decay, amsgrad, maximize, lr_tensor):
     _run_against_torch(backend, kind, precision, weight_decay, amsgrad, maximize, lr_tensor)
+
+
+@pytest.mark.parametrize(
+    ("kind", "precision", "weight_decay", "amsgrad", "maximize", "lr_tensor"),
+    # torch's own fused step under each precision and kind, its options all off or all on
+    [c for c in MATRIX if c[3] == c[4] == c[5]],
+)
+def test_native_matches_torch(kind, precision, weight_decay, amsgrad, maximize, lr_tensor):
+    _run_against_torch("native", kind, precision, weight_decay, amsgrad, maximize, lr_tensor)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,7 +517,7 @@ def test_complex_params_match_torch(backend):
     assert_close(torch.view_as_real(ours[0]), torch.view_as_real(theirs[0]))
 
 
-def test_float64_params_use_the_reference_and_kernels_refuse_them():
+def test_float64_params_use_native_and_kernels_refuse_them():
     params = [torch.randn(9, dtype=torch.float64, device=DEVICE).requires_grad_()]
     copies = [params[0].detach().clone().requires_grad_()]
     opt, ref_opt = FusedAdam(params, lr=0.1), torch.optim.Adam(copies, lr=0.1)
@@ -511,7 +525,7 @@ def test_float64_params_use_the_reference_and_kernels_refuse_them():
         params[0].grad = copies[0].grad = torch.ones(9, dtype=torch.float64, device=DEVICE)
         opt.step()
         ref_opt.step()
-    assert dispatch.last_used["adam"] == "reference"
+    assert dispatch.last_used["adam"] == "native"
     assert_close(params[0], copies[0])
     if "triton" in BACKENDS:
         with pytest.raises(fusedops.BackendUnavailableError, match="float64"):

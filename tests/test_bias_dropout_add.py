@@ -10,18 +10,19 @@ import torch
 import fusedops
 from fusedops.kernels.device import same_device
 from fusedops.ops import philox
-from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, reference
+from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, native, native_drop_mask, reference
 from fusedops.testing import (
     assert_close,
     backends_under_test,
     device_under_test,
+    kernel_backends_under_test,
     non_contiguous,
     random_tensor,
 )
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNELS = [b for b in BACKENDS if b != "reference"]
+KERNELS = kernel_backends_under_test()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (shape, with bias): quads aligned with rows (H % 4 == 0) or not, one row, larger than a tile
 SHAPES = [
@@ -53,13 +54,15 @@ def _inputs(shape, dtype, with_bias, residual_dtype=None):
     return x, bias, residual
 
 
-def _expected(x, bias, residual, grad, seed, p):
-    """The float64 reference output and gradients (x, bias, residual) for this seed."""
+def _expected(x, bias, residual, grad, seed, p, backend="reference"):
+    """The float64 reference output and gradients (x, bias, residual) for this seed, with the
+    mask ``backend`` draws by default (Philox; native: torch's, ``native_drop_mask``)."""
+    impl = native if backend == "native" else reference
     x64, r64 = x.detach().double(), residual.detach().double()
     b64 = None if bias is None else bias.detach().double()
-    out = reference.forward(x64, b64, r64, seed, p)
+    out = impl.forward(x64, b64, r64, seed, p)
     bias_dtype = None if bias is None else torch.float64
-    grad_x, grad_bias = reference.backward(grad.double(), seed, p, torch.float64, bias_dtype)
+    grad_x, grad_bias = impl.backward(grad.double(), seed, p, torch.float64, bias_dtype)
     return out, grad_x, grad_bias, grad.double()
 
 
@@ -77,7 +80,7 @@ def test_forward_backward_match_reference(backend, dtype, shape, with_bias):
     x, bias, residual = _inputs(shape, dtype, with_bias)
     grad = random_tensor(shape, dtype, DEVICE)
     out = _run(backend, x, bias, residual, grad, 7)
-    want = _expected(x, bias, residual, grad, _seed_of_next_call(7), P)
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(7), P, backend)
     assert out.dtype == dtype and out.shape == x.shape
     assert_close(out, want[0], msg="out")
     assert_close(x.grad, want[1], msg="grad_x")
@@ -95,7 +98,7 @@ def test_wider_residual_upcasts_x_and_bias(backend, dtype):
     x, bias, residual = _inputs((5, 12), dtype, True, residual_dtype=torch.float32)
     grad = random_tensor((5, 12), torch.float32, DEVICE)
     out = _run(backend, x, bias, residual, grad, 3)
-    want = _expected(x, bias, residual, grad, _seed_of_next_call(3), P)
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(3), P, backend)
     assert out.dtype == torch.float32
     assert (x.grad.dtype, bias.grad.dtype, residual.grad.dtype) == (dtype, dtype, torch.float32)
     assert_close(out, want[0], dtype=torch.float32)
@@ -115,7 +118,7 @@ def test_non_contiguous_inputs_and_broadcast_residual(backend):
     out = _run(backend, x, bias, residual, grad, 11)
     seed = _seed_of_next_call(11)
     full_residual = residual.detach().expand(6, 20)
-    want = _expected(base, bias.reshape(20), full_residual, grad, seed, P)
+    want = _expected(base, bias.reshape(20), full_residual, grad, seed, P, backend)
     assert_close(out, want[0])
     assert_close(x.grad, want[1])
     assert bias.grad.shape == (1, 20) and residual.grad.shape == (20,)
@@ -166,7 +169,7 @@ def test_kept_fraction_and_scale(p):
     """Over 1e6 elements the kept fraction is within 4 standard deviations of 1 - p, and kept
     values are x * 1 / (1 - p) exactly (float64 reference; fp32 and the interpreted Triton
     kernel on 2^16 elements)."""
-    cases = [("reference", torch.float64, 10**6)]
+    cases = [("reference", torch.float64, 10**6), ("native", torch.float32, 10**6)]
     cases += [(backend, torch.float32, 2**16) for backend in KERNELS]
     for backend, dtype, n in cases:
         x = torch.ones(n, dtype=dtype, device=DEVICE)
@@ -176,6 +179,51 @@ def test_kept_fraction_and_scale(p):
         assert abs(fraction - (1 - p)) <= 4 * math.sqrt(p * (1 - p) / n), (backend, fraction)
         scale = torch.tensor(1 / (1 - p), dtype=torch.float64).to(dtype)
         assert torch.all(out[kept] == scale), backend
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_portable_mask_is_the_philox_mask_on_native(monkeypatch, how):
+    """portable_mask=True (or FUSEDOPS_PORTABLE_DROPOUT=1) gives native the reference's Philox
+    mask bit for bit, forward and backward; without it native draws torch's mask."""
+    kwargs = {"portable_mask": True} if how == "argument" else {}
+    if how == "env":
+        monkeypatch.setenv("FUSEDOPS_PORTABLE_DROPOUT", "1")
+    x, bias, residual = _inputs((9, 37), torch.float32, True)
+    grad = random_tensor((9, 37), torch.float32, DEVICE)
+    out = _run("native", x, bias, residual, grad, 4, p=0.5, **kwargs)
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(4), 0.5)
+    assert torch.equal(out == residual, want[0] == residual.double())
+    assert torch.equal(x.grad == 0, want[1] == 0)
+    assert_close(out, want[0])
+    assert_close(x.grad, want[1])
+    monkeypatch.delenv("FUSEDOPS_PORTABLE_DROPOUT", raising=False)
+    torch.manual_seed(4)
+    torch_mask = fusedops.bias_dropout_add(x, bias, residual, 0.5, backend="native") == residual
+    assert not torch.equal(torch_mask, out == residual)
+    with pytest.raises(TypeError, match="portable_mask"):
+        fusedops.bias_dropout_add(x, bias, residual, 0.5, portable_mask="yes")
+
+
+def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
+    """The native drop mask is torch's bernoulli from the seed's key (CPU; the Philox words on other
+    devices): the same seed, the same mask; dropped elements are 0 even where x is NaN/inf, in
+    eager mode (torch's autograd) and in the custom op (the native namespace)."""
+    seed = draw_seed(DEVICE)
+    first, again = (native_drop_mask(seed, 0.3, (50, 40)) for _ in range(2))
+    assert torch.equal(first, again) and first.shape == (50, 40)
+    assert not torch.equal(first, native_drop_mask(draw_seed(DEVICE), 0.3, (50, 40)))
+    x = torch.full((50, 40), float("nan"), device=DEVICE)
+    x[::2] = float("inf")
+    residual = torch.zeros_like(x)
+    eager = fusedops.bias_dropout_add(x, None, residual, 0.3, backend="native")
+    assert eager.isnan().any() and torch.all(eager[~(eager.isnan() | eager.isinf())] == 0)
+    torch.manual_seed(1)
+    eager = fusedops.bias_dropout_add(x, None, residual, 0.3, backend="native")
+    torch.manual_seed(1)
+    op_seed = draw_seed(DEVICE)
+    from_op = torch.ops.fusedops.bias_dropout_add(x, None, residual, op_seed, 0.3, "native", False)
+    assert torch.equal(eager.isnan() | eager.isinf(), from_op.isnan() | from_op.isinf())
+    assert torch.equal(eager == 0, native_drop_mask(op_seed, 0.3, x.shape))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -388,7 +436,7 @@ def test_a_float64_bias_is_not_taken_by_the_kernels(backend):
     with pytest.raises(fusedops.BackendUnavailableError, match="bias has dtype torch.float64"):
         fusedops.bias_dropout_add(x, bias, residual, 0.1, backend=backend)
     chosen = fusedops.dispatch.select_name("bias_dropout_add", x, residual, bias.float())
-    assert chosen == ("reference" if DEVICE.type == "cpu" else "cuda")
+    assert chosen == ("native" if DEVICE.type == "cpu" else "cuda")
 
 
 @pytest.mark.parametrize("backend", [None, "reference"])
@@ -401,7 +449,8 @@ def test_a_float64_bias_runs_float64_math_in_both_directions(backend):
     grad = random_tensor((4, 8), torch.float64, DEVICE)
     out = _run(backend, x, bias, residual, grad, 5)
     assert fusedops.dispatch.last_used["bias_dropout_add"] not in KERNELS
-    want = _expected(x, bias, residual, grad, _seed_of_next_call(5), P)
+    mask_of = "native" if backend is None else backend  # the pick runs native
+    want = _expected(x, bias, residual, grad, _seed_of_next_call(5), P, mask_of)
     assert out.dtype == torch.float32 and bias.grad.dtype == torch.float64
     assert_close(out, want[0], msg="out")
     assert_close(x.grad, want[1], msg="grad_x")

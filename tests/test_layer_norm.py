@@ -15,13 +15,14 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     device_under_test,
+    kernel_backends_under_test,
     non_contiguous,
     random_tensor,
 )
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+KERNEL_BACKENDS = kernel_backends_under_test()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 OPS = ["layer_norm", "rms_norm"]
 EPS = 1e-5
@@ -433,10 +434,10 @@ def test_forced_cuda_on_cpu_lists_reasons():
         fusedops.layer_norm(torch.ones(2, 3), 3, backend="cuda")
 
 
-def test_float64_takes_the_reference_and_kernels_refuse_it():
+def test_float64_takes_native_and_kernels_refuse_it():
     x = random_tensor((2, 6), torch.float64, "cpu")
     fusedops.layer_norm(x, 6)
-    assert fusedops.dispatch.last_used["layer_norm"] == "reference"
+    assert fusedops.dispatch.last_used["layer_norm"] == "native"
     if "triton" in KERNEL_BACKENDS:
         with pytest.raises(fusedops.BackendUnavailableError, match="dtype torch.float64"):
             fusedops.layer_norm(x, 6, backend="triton")
@@ -461,10 +462,12 @@ def test_output_can_be_modified_in_place(op, backend):
         assert_close(mine, theirs, scale=_error_scales(op, x, (40,), weight, grad)[0] * 2)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "native"])
 @pytest.mark.parametrize("op", OPS)
 def test_double_backward_raises(op, backend):
-    """The backward is not differentiable: asking for its graph raises, never a silent zero."""
+    """The backward is not differentiable: asking for its graph raises, never a silent zero
+    (native runs torch's own op in eager mode, whose backward torch differentiates:
+    test_native_double_backward)."""
     x = _leaf(random_tensor((3, 16), torch.float32, DEVICE))
     weight, _ = _params(op, (16,), torch.float32, "weight")
     loss = _call(op, x, (16,), weight, None, backend).square().sum()
@@ -472,6 +475,21 @@ def test_double_backward_raises(op, backend):
     with pytest.raises(RuntimeError, match="differentiate twice|double backward"):
         (dx,) = torch.autograd.grad(loss, x, create_graph=True)
         dx.sum().backward()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_native_double_backward(op):
+    """native in eager mode is torch's op with torch's autograd: its gradient is differentiable
+    and matches float64 autograd through the same op."""
+    x = random_tensor((3, 16), torch.float32, DEVICE)
+    weight, _ = _params(op, (16,), torch.float32, "weight")
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        leaf = _leaf(x.to(dtype))
+        loss = _call(op, leaf, (16,), _leaf(weight.to(dtype)), None, "native").square().sum()
+        (dx,) = torch.autograd.grad(loss, leaf, create_graph=True)
+        results.append(torch.autograd.grad(dx.square().sum(), leaf)[0])
+    assert_close(results[0], results[1], scale=16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,14 +9,20 @@ import torch
 
 import fusedops
 from fusedops.ops import nms as nms_ops
-from fusedops.testing import backends_under_test, device_under_test, non_contiguous, run_python
+from fusedops.testing import (
+    backends_under_test,
+    device_under_test,
+    kernel_backends_under_test,
+    non_contiguous,
+    run_python,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNELS = [b for b in BACKENDS if b != "reference"]
+KERNELS = kernel_backends_under_test()
 METHODS = ["naive", "linear", "gaussian"]
 BOX_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

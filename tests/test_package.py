@@ -62,7 +62,7 @@ def test_demo_prints_the_table():
     # (the attention as window_attention: no weights asked for, window 4, head dim 16)
     assert "fusedops swin hook" in done.stdout and "swin_attention_softmax   ran on" in done.stdout
     for op in ("window_partition_roll", "window_reverse_roll", "window_attention"):
-        assert re.search(rf"{op} +ran on (reference|triton|cuda)", done.stdout), op
+        assert re.search(rf"{op} +ran on (native|reference|triton|cuda)", done.stdout), op
 
 
 @pytest.mark.gpu

@@ -20,6 +20,7 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     device_under_test,
+    kernel_backends_under_test,
     random_tensor,
 )
 from tests.test_layer_norm import _force_looped
@@ -28,7 +29,7 @@ pytest.importorskip("transformers")
 
 DEVICE = device_under_test()
 BACKENDS = backends_under_test()
-KERNEL_BACKENDS = [b for b in BACKENDS if b != "reference"]
+KERNEL_BACKENDS = kernel_backends_under_test()
 _M = "transformers.models."
 
 #: case -> (module, class, constructor kwargs, variant)

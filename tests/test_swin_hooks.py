@@ -106,8 +106,8 @@ def test_hooked_model_matches_the_original(model_class, v2):
     model.load_state_dict(ref.state_dict())
     assert _fused_count(model) == 8  # 4 layers + 4 attentions
     _check_same(model, ref, random_tensor((2, 3, 36, 36)))
-    assert fusedops.dispatch.last_used["window_partition_roll"] == "reference"
-    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "reference"
+    assert fusedops.dispatch.last_used["window_partition_roll"] == "native"
+    assert fusedops.dispatch.last_used["swin_attention_softmax"] == "native"
 
 
 @pytest.mark.parametrize("v2", [False, True])
@@ -126,7 +126,7 @@ def test_without_attention_weights_the_hook_runs_the_flash_window_attention(v2):
     images, labels = random_tensor((2, 3, 36, 36)), torch.tensor([1, 3])
     fusedops.dispatch.last_used.clear()
     logits = model(images).logits
-    assert fusedops.dispatch.last_used.get("window_attention") == "reference"
+    assert fusedops.dispatch.last_used.get("window_attention") == "native"
     assert "swin_attention_softmax" not in fusedops.dispatch.last_used
     expected = ref(images).logits
     assert_close(logits, expected, dtype=torch.float32, scale=4.0, msg="logits")
@@ -498,7 +498,7 @@ def test_timm_replace_modules_on_a_built_block(timm_swin):
     assert _fused_count(block) == 2 and swin.SwinTransformerBlock is type(ref)
     x = random_tensor((3, 8, 8, 8))
     assert_close(block(x), ref(x), dtype=torch.float32, scale=4.0)
-    assert fusedops.dispatch.last_used["window_reverse_roll"] == "reference"
+    assert fusedops.dispatch.last_used["window_reverse_roll"] == "native"
 
 
 def test_timm_shape_without_attn_method_is_refused():

@@ -111,6 +111,51 @@ def _reference_step(
 
 reference = SimpleNamespace(step=_reference_step)
 
+
+def _native_step(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, *, lr, lr_tensor,
+    beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
+) -> None:  # fmt: skip
+    """``_reference_step`` through ``torch._fused_adam_`` / ``torch._fused_adamw_`` (torch's own
+    fused step, CPU and CUDA): the same steps convention (already incremented), grad_scale and
+    found_inf handled by torch on the device. With master weights torch's step runs on the fp32
+    masters with fp32 copies of the gradients; the params receive the masters rounded."""
+    fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
+    update_grads = grads if not masters else [g.to(torch.float32) for g in grads]
+    fused(
+        masters or params,
+        update_grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        steps,
+        lr=lr if lr_tensor is None else lr_tensor,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        eps=eps,
+        amsgrad=amsgrad,
+        maximize=maximize,
+        grad_scale=grad_scale,
+        found_inf=found_inf,
+    )
+    if not masters:
+        return
+    written = params + (grads if grad_scale is not None else [])
+    sources = masters + (update_grads if grad_scale is not None else [])
+    if found_inf is None:
+        torch._foreach_copy_(written, sources)
+    elif found_inf.device.type == "cpu":
+        if not found_inf.item():  # free on a CPU tensor
+            torch._foreach_copy_(written, sources)
+    else:  # no host sync: keep the old values where found_inf is set
+        skip = found_inf != 0
+        for target, source in zip(written, sources):
+            target.copy_(torch.where(skip, target, source.to(target.dtype)))
+
+
+native = SimpleNamespace(step=_native_step)
+
 # Triton first on CUDA tensors: on an H100 (benchmarks/bench_adam.py) its step reached 96% of
 # copy bandwidth on a 1.1B-parameter list in fp32 and bf16, the CUDA kernel 90% and 76%.
 dispatch.register_op(
@@ -119,6 +164,7 @@ dispatch.register_op(
     triton_module="fusedops.kernels.triton.adam",
     cuda_module="fusedops.kernels.cuda.adam",
     preference=("triton", "cuda"),
+    native=native,
 )
 
 
@@ -238,7 +284,8 @@ def adam_step(
     ``found_inf`` (0-d float32, nonzero: skip) skips the whole update on the device;
     ``clip_coef`` (0-d float32 on the params' device, e.g. ``min(1, max_norm / (norm + 1e-6))``)
     multiplies the (unscaled) gradient inside the update, the gradients in memory keep theirs.
-    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch
+    rule; native: torch._fused_adam_ / torch._fused_adamw_).
     """
     if not params:
         return

@@ -34,6 +34,14 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
 - A residual that broadcasts is expanded to x's shape (one copy) before the fused op; inputs
   are made contiguous.
 
+- The native backend (the automatic pick on CPU and where no GPU-verified kernel runs) uses
+  torch's random numbers unless ``portable_mask=True`` / ``FUSEDOPS_PORTABLE_DROPOUT=1`` asks
+  for the Philox mask: ``native_drop_mask`` (CPU: torch's bernoulli from a generator seeded with
+  the seed's key; other devices: the Philox words, no host sync). In eager mode it runs with
+  torch's autograd (the mask is kept, one byte an element); the custom ops (torch.compile,
+  export) regenerate the same mask from the seed. The custom ops take ``portable`` after
+  ``backend`` (the XLA lowering always computes the Philox mask).
+
 Every backend exposes ``forward(x, bias, residual, seed, p) -> out`` on contiguous x, bias (H,)
 or None, residual of x's shape, and ``backward(grad, seed, p, x_dtype, bias_dtype) ->
 (grad_x, grad_bias or None)``.
@@ -41,8 +49,10 @@ or None, residual of x's shape, and ``backward(grad, seed, p, x_dtype, bias_dtyp
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import os
 from types import SimpleNamespace
 
 import torch
@@ -53,6 +63,7 @@ from fusedops.ops import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._eager import eager_fast_path
 
 NAME = "bias_dropout_add"
 #: Seed and offset are drawn in [0, SEED_BOUND).
@@ -80,16 +91,16 @@ def _dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tens
     return torch.where(keep, v * philox.dropout_scale(p), v.new_zeros(()))
 
 
-def _reference_forward(x, bias, residual, seed, p):
+def _forward_with(dropout, x, bias, residual, seed, p):
     compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
     if bias is not None:
         v = v + bias.to(compute)
-    return (residual.to(compute) + _dropout(v, seed, p)).to(residual.dtype)
+    return (residual.to(compute) + dropout(v, seed, p)).to(residual.dtype)
 
 
-def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
-    g = _dropout(grad.to(compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
+def _backward_with(dropout, grad, seed, p, x_dtype, bias_dtype):
+    g = dropout(grad.to(compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
     grad_bias = None
     if bias_dtype is not None:
         width = grad.shape[-1] if grad.dim() else 1
@@ -97,7 +108,58 @@ def _reference_backward(grad, seed, p, x_dtype, bias_dtype):
     return g.to(x_dtype, copy=True), grad_bias
 
 
-reference = SimpleNamespace(forward=_reference_forward, backward=_reference_backward)
+reference = SimpleNamespace(
+    forward=functools.partial(_forward_with, _dropout),
+    backward=functools.partial(_backward_with, _dropout),
+)
+
+# ------------------------------------------------------------------------------------------
+# Native implementation: torch's own random numbers instead of the Philox words (the default;
+# ``portable_mask`` keeps the Philox mask). The mask is a function of the op's seed: on a CPU
+# tensor torch's bernoulli from a CPU generator seeded with the seed's key (reading it is free
+# there); on other devices the Philox words (no host sync). Eager calls build the same mask and
+# let torch's autograd keep it (``_native_eager``); the custom ops regenerate it in the backward.
+
+
+def native_drop_mask(seed: torch.Tensor, p: float, shape) -> torch.Tensor:
+    """The native backend's drop-mask (bool, ``shape``; True: dropped) for ``seed`` and
+    0 < p < 1."""
+    if seed.device.type != "cpu":
+        return keep_mask(seed, p, math.prod(shape)).view(shape).logical_not_()
+    generator = torch.Generator().manual_seed(int(seed[0]))
+    return torch.empty(shape, dtype=torch.bool).bernoulli_(p, generator=generator)
+
+
+def _native_dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tensor:
+    if philox.dropout_mode(p, seed is not None) != philox.RANDOM:
+        return _dropout(v, seed, p)
+    return torch.where(native_drop_mask(seed, p, v.shape), 0.0, v * philox.dropout_scale(p))
+
+
+native = SimpleNamespace(
+    forward=functools.partial(_forward_with, _native_dropout),
+    backward=functools.partial(_backward_with, _native_dropout),
+)
+
+
+def _native_eager(x, bias, residual, seed, p):
+    """The native op with torch's autograd (eager mode; form (b)): the mask is kept by autograd
+    (one byte an element) instead of regenerated. x contiguous, bias (H,) or None, residual
+    broadcastable to x; p < 1 (p = 1 goes through the op: its gradient of x is zeros, not None).
+    The same roundings as the custom op's native namespace (so compiled and eager code agree
+    bit for bit)."""
+    compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+    v = x.to(compute)
+    if bias is not None:
+        v = v + bias.to(compute)
+    if seed is not None:
+        scale = philox.dropout_scale(p)
+        v = torch.where(
+            native_drop_mask(seed, p, x.shape),
+            0.0,
+            v.mul_(scale) if bias is not None else v * scale,
+        )
+    return (residual.to(compute) + v).to(residual.dtype)
 
 
 def _kernel_check(backend: str, main, residual=None, bias=None) -> list[str]:
@@ -122,6 +184,7 @@ dispatch.register_op(
     triton_module="fusedops.kernels.triton.bias_dropout_add",
     cuda_module="fusedops.kernels.cuda.bias_dropout_add",
     check=_kernel_check,
+    native=native,
 )
 
 # ------------------------------------------------------------------------------------------
@@ -136,12 +199,19 @@ def _forward(
     seed: torch.Tensor | None,
     p: float,
     backend: str | None = None,
+    portable: bool = True,
 ) -> torch.Tensor:
-    impl = dispatch.select(NAME, x, residual, bias, backend=backend)
+    impl = _mask_source(dispatch.select(NAME, x, residual, bias, backend=backend), portable)
     return impl.forward(x, bias, residual, seed, p)
 
 
-def _forward_fake(x, bias, residual, seed, p, backend=None):
+def _mask_source(impl, portable: bool):
+    """The implementation to run: the native backend's Philox twin (the reference's
+    arithmetic) where the portable mask is asked for."""
+    return reference if portable and impl is native else impl
+
+
+def _forward_fake(x, bias, residual, seed, p, backend=None, portable=True):
     return torch.empty_like(x, dtype=residual.dtype, memory_format=torch.contiguous_format)
 
 
@@ -152,20 +222,23 @@ def _backward_body(
     x_dtype: torch.dtype,
     bias_dtype: torch.dtype | None,
     backend: str | None = None,
+    portable: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # x's and bias's dtypes decide as much as grad's (their gradients are written in them): a
     # float64 x or bias ran its forward on the reference (fp64 math), and so does its backward
     # (the same mask on every backend).
     if _kernel_dtypes(x_dtype, bias_dtype) or dispatch.requested(backend) is not None:
-        impl = dispatch.select(NAME, grad, backend=backend)
-    else:
+        impl = _mask_source(dispatch.select(NAME, grad, backend=backend), portable)
+    elif portable:
         impl = reference
+    else:
+        impl = native
     grad_x, grad_bias = impl.backward(grad.contiguous(), seed, p, x_dtype, bias_dtype)
     # custom ops return tensors only: an absent gradient travels as an empty tensor
     return grad_x, grad_bias if grad_bias is not None else grad.new_empty((0,))
 
 
-def _backward_fake(grad, seed, p, x_dtype, bias_dtype, backend=None):
+def _backward_fake(grad, seed, p, x_dtype, bias_dtype, backend=None, portable=True):
     grad_x = torch.empty_like(grad, dtype=x_dtype, memory_format=torch.contiguous_format)
     if bias_dtype is None:
         return grad_x, grad.new_empty((0,))
@@ -173,9 +246,10 @@ def _backward_fake(grad, seed, p, x_dtype, bias_dtype, backend=None):
 
 
 def _setup_context(ctx, inputs, output):
-    x, bias, _, seed, p, backend = inputs
+    x, bias, _, seed, p, backend, portable = inputs
     ctx.save_for_backward(seed)
     ctx.p = p
+    ctx.portable = portable
     ctx.x_dtype = x.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
     # An explicit choice made around the forward (use_backend, env) also holds for the backward.
@@ -186,10 +260,12 @@ def _grads(ctx, backward, grad):
     (seed,) = ctx.saved_tensors
     grad_x = grad_bias = None
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-        grad_x, grad_bias = backward(grad, seed, ctx.p, ctx.x_dtype, ctx.bias_dtype, ctx.backend)
+        grad_x, grad_bias = backward(
+            grad, seed, ctx.p, ctx.x_dtype, ctx.bias_dtype, ctx.backend, ctx.portable
+        )
     if ctx.bias_dtype is None:
         grad_bias = None
-    return grad_x, grad_bias, grad, None, None, None
+    return grad_x, grad_bias, grad, None, None, None, None
 
 
 BIAS_DROPOUT_ADD = define_op(
@@ -221,8 +297,18 @@ def draw_seed(device: torch.device, generator: torch.Generator | None = None) ->
     return torch.randint(0, SEED_BOUND, (2,), dtype=torch.int64, device=device, generator=generator)
 
 
-def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names):
+def portable_mask_default() -> bool:
+    """Whether calls that do not say ``portable_mask=`` use the Philox mask on every backend:
+    ``FUSEDOPS_PORTABLE_DROPOUT=1``."""
+    return os.environ.get("FUSEDOPS_PORTABLE_DROPOUT", "0").strip() == "1"
+
+
+def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names, portable=None):
     x_name, bias_name, residual_name, p_name = names
+    if portable is None:
+        portable = portable_mask_default()
+    elif not isinstance(portable, bool):
+        raise TypeError(f"portable_mask must be a bool or None, got {type(portable).__name__}")
     check_tensor(x, x_name)
     check_tensor(residual, residual_name)
     if bias is not None:
@@ -255,11 +341,19 @@ def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names)
         if generator is not None and not same_device(generator.device, x.device):
             raise ValueError(f"generator is on {generator.device} but {x_name} is on {x.device}")
         seed = draw_seed(x.device, generator)
-    if residual.shape != x.shape:
-        residual = residual.expand(x.shape)
     if bias is not None:
         bias = bias.reshape(width).contiguous()
-    return BIAS_DROPOUT_ADD(x.contiguous(), bias, residual.contiguous(), seed, rate, backend)
+    x = x.contiguous()
+    if (
+        rate < 1.0
+        and not (portable and seed is not None)
+        and eager_fast_path(x, bias, residual)
+        and dispatch.pick(NAME, x, residual, bias, backend=backend) == "native"
+    ):
+        return _native_eager(x, bias, residual, seed, rate)
+    if residual.shape != x.shape:
+        residual = residual.expand(x.shape)
+    return BIAS_DROPOUT_ADD(x, bias, residual.contiguous(), seed, rate, backend, portable)
 
 
 def bias_dropout_add(
@@ -271,6 +365,7 @@ def bias_dropout_add(
     generator: torch.Generator | None = None,
     *,
     backend: str | None = None,
+    portable_mask: bool | None = None,
 ) -> torch.Tensor:
     """``residual + dropout(x + bias, p)`` fused: one kernel, no mask saved for the backward.
 
@@ -281,10 +376,19 @@ def bias_dropout_add(
     draws no random numbers. generator: where the seed comes from (default: the default
     generator of x's device). Returns a contiguous tensor of x's shape and residual's dtype.
     Differentiable in x, bias and residual; works under torch.compile and torch.export.
-    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch
+    rule). Where no fused kernel runs (CPU, unverified kernels) the native backend runs torch's
+    own ops: in eager mode with torch's autograd, which keeps the mask (one byte an element).
+    portable_mask: True draws the Philox mask, the same bits on every backend (kernels, native,
+    reference, XLA) for the same seed; False (default; ``FUSEDOPS_PORTABLE_DROPOUT=1`` makes
+    True the default) lets the native backend draw torch's bernoulli mask instead (on CPU, from a
+    generator seeded by the op's seed: reproducible under ``torch.manual_seed``, the same in
+    eager and compiled code, not the kernels' bits). The kernels always use Philox.
     """
     names = ("x", "bias", "residual", "p")
-    return _bias_dropout_add(x, bias, residual, p, training, generator, backend, names)
+    return _bias_dropout_add(
+        x, bias, residual, p, training, generator, backend, names, portable_mask
+    )
 
 
 def _split_x_with_bias(x_with_bias):

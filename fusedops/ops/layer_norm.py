@@ -28,6 +28,14 @@ gradients of absent parameters are None.
 Paths: under torch.compile/export (and modes, subclasses) the custom ops below; in plain eager
 mode the autograd.Functions below, or, when the CUDA backend is picked, the extension's op with
 its autograd in C++ (``kernels/cuda/layer_norm.norm_with_autograd``). All run the same kernels.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
+mode ``torch.layer_norm`` / ``torch.rms_norm`` with torch's own autograd (form (b)); in the
+custom ops the ``native`` namespace (form (a)): ``torch.native_layer_norm`` +
+``aten.native_layer_norm_backward``, ``aten._fused_rms_norm`` + its backward (CUDA; the
+reference's backward on CPU, where aten has none). Both run on fp32 copies of 16-bit inputs
+(``_up``). Rows of one element and the RMSNorm rounding variants (``out_dtype``,
+``xhat_dtype``) run the reference's formula, the cheapest exact one.
 """
 
 from __future__ import annotations
@@ -115,6 +123,75 @@ reference = SimpleNamespace(
 )
 
 
+# ------------------------------------------------------------------------------------------
+# Native implementation (PyTorch's own kernels): the automatic pick where no verified kernel
+# runs. Form (b) of the native contract in eager mode (``layer_norm``/``rms_norm`` below call
+# ``torch.layer_norm``/``torch.rms_norm`` with torch's C++ autograd); this namespace serves the
+# custom ops (torch.compile, export, tracing). Only aten/torch-namespace functions: the hooks
+# patch torch.nn classes, never these.
+
+
+def _up(t):
+    """t (or None) in the compute dtype. torch's CPU norm kernels keep 16-bit statistics or
+    accumulations in 16 bits (LayerNorm's dweight off by ~1e-1 on bf16 rows of 1000); on fp32
+    copies they compute the op's fp32 math, at about the same speed."""
+    return None if t is None else t.to(compute_dtype(t.dtype))
+
+
+def _grad_as(grad, like):
+    return None if like is None or grad is None else grad.to(like.dtype)
+
+
+def _native_layer_norm_forward(x, weight, bias, eps):
+    if x.shape[1] == 1:  # torch's backward leaves a residue where xhat is exactly 0
+        return _ref_layer_norm_forward(x, weight, bias, eps)
+    y, mean, rstd = torch.native_layer_norm(_up(x), (x.shape[1],), _up(weight), _up(bias), eps)
+    return y.to(x.dtype), mean.view(-1), rstd.view(-1)
+
+
+def _native_layer_norm_backward(dy, x, weight, bias, mean, rstd):
+    if x.shape[1] == 1:
+        return _ref_layer_norm_backward(dy, x, weight, bias, mean, rstd)
+    w, b = _up(weight), _up(bias)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        _up(dy), _up(x), [x.shape[1]], mean.view(-1, 1), rstd.view(-1, 1), w, b,
+        [True, w is not None, b is not None],
+    )  # fmt: skip
+    return dx.to(x.dtype), _grad_as(dw, weight), _grad_as(db, bias)
+
+
+def _plain_rms(out_dtype, xhat_dtype) -> bool:
+    return out_dtype is None and xhat_dtype is None
+
+
+def _native_rms_norm_forward(x, weight, eps, out_dtype=None, xhat_dtype=None):
+    if not _plain_rms(out_dtype, xhat_dtype):
+        # The rounding variants: the reference's formula is the cheapest exact one.
+        return _ref_rms_norm_forward(x, weight, eps, out_dtype, xhat_dtype)
+    y, rstd = torch.ops.aten._fused_rms_norm(_up(x), [x.shape[1]], _up(weight), eps)
+    return y.to(x.dtype), rstd.view(-1)
+
+
+def _native_rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None):
+    # A variant (out_dtype: dy in y's dtype), or a CPU tensor (aten has no CPU kernel of
+    # _fused_rms_norm_backward): the reference's formula.
+    if xhat_dtype is not None or dy.dtype != x.dtype or x.device.type != "cuda":
+        return _ref_rms_norm_backward(dy, x, weight, rstd, xhat_dtype)
+    w = _up(weight)
+    dx, dw = torch.ops.aten._fused_rms_norm_backward(
+        _up(dy), _up(x), [x.shape[1]], rstd.view(-1, 1), w, [True, w is not None]
+    )
+    return dx.to(x.dtype), _grad_as(dw, weight)
+
+
+native = SimpleNamespace(
+    layer_norm_forward=_native_layer_norm_forward,
+    layer_norm_backward=_native_layer_norm_backward,
+    rms_norm_forward=_native_rms_norm_forward,
+    rms_norm_backward=_native_rms_norm_backward,
+)
+
+
 def _kernel_check(backend: str, x: torch.Tensor) -> list[str]:
     if backend == "cuda" and x.dim() == 2 and x.shape[1] >= 2**31:
         return [f"rows of {x.shape[1]} elements exceed the CUDA kernel's 2^31 - 1"]
@@ -128,6 +205,7 @@ for _name in ("layer_norm", "rms_norm"):
         triton_module="fusedops.kernels.triton.layer_norm",
         cuda_module="fusedops.kernels.cuda.layer_norm",
         check=_kernel_check,
+        native=native,
     )
 
 
@@ -378,6 +456,11 @@ def _cuda_extension(name, x, weight, bias, n, backend):
     return cuda
 
 
+def _normalized(x, normalized_shape) -> tuple[int, ...]:
+    """normalized_shape (checked by _row_length) as a tuple."""
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+
+
 def _row_length(x, normalized_shape, params: dict) -> int:
     """Check the inputs; return N, the number of elements of normalized_shape."""
     check_tensor(x, "x")
@@ -425,10 +508,15 @@ def layer_norm(
     may be non-contiguous (copied once). weight, bias: normalized_shape or None, any float dtype
     (fp32 parameters with bf16/fp16 x, as under autocast). Returns a contiguous tensor of x's
     shape and dtype; gradients for x, weight and bias in their own dtypes. Works under
-    torch.compile and torch.export. backend: "cuda" | "triton" | "reference" to force one.
+    torch.compile and torch.export. backend: "cuda" | "triton" | "native" | "reference" to force
+    one (default: the dispatch rule; "native" is torch's own LayerNorm).
     """
     n = _row_length(x, normalized_shape, {"weight": weight, "bias": bias})
     if eager_fast_path(x, weight, bias):
+        if dispatch.pick("layer_norm", x, backend=backend) == "native" and n > 1:
+            shape = _normalized(x, normalized_shape)
+            y = torch.layer_norm(_up(x), shape, _up(weight), _up(bias), float(eps))
+            return y.to(x.dtype)
         cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)
         if cuda is not None:
             return cuda.norm_with_autograd(x, weight, bias, n, float(eps), False)
@@ -479,7 +567,10 @@ def rms_norm(
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     if eager_fast_path(x, weight):
-        plain = out_dtype is None and xhat_dtype is None
+        plain = _plain_rms(out_dtype, xhat_dtype)
+        if plain and dispatch.pick("rms_norm", x, backend=backend) == "native":
+            shape = _normalized(x, normalized_shape)
+            return torch.rms_norm(_up(x), shape, _up(weight), float(eps)).to(x.dtype)
         cuda = _cuda_extension("rms_norm", x, weight, None, n, backend) if plain else None
         if cuda is not None:
             return cuda.norm_with_autograd(x, weight, None, n, float(eps), True)

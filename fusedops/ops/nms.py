@@ -33,6 +33,10 @@ triton, cuda) provide the two cores ``nms_walk`` and ``soft_nms_segments``
 (``nms_reference`` documents them). On CUDA/Triton, nms builds the IoU > threshold bitmask in
 64-bit words (one program per 64x64 tile) and one program walks it on the device; soft-NMS runs
 one block/program per class, argmax and decay on the device every step.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): the reference's
+vectorised PyTorch cores (form (a) with no namespace of its own: torchvision's C++ nms is not
+called yet, so the result never depends on whether torchvision is installed).
 """
 
 from __future__ import annotations
@@ -283,7 +287,7 @@ def nms(
     scores: (N,) any float dtype, same device. Returns int64 (K,) indices of the kept boxes in
     decreasing score order (ties: lower index first). A box is dropped when its IoU with a kept,
     higher-scoring box is > iou_threshold. NaN scores raise ValueError.
-    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch rule).
     """
     boxes, scores, _ = _check_boxes_scores(boxes, scores)
     thr = _number(iou_threshold, "iou_threshold")

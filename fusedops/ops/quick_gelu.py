@@ -2,6 +2,11 @@
 
 Backward: ``dx = dy * (s + 1.702 * x * s * (1 - s))`` with ``s = sigmoid(1.702 * x)``.
 Math in fp32 for fp16/bf16 inputs; output in the input dtype.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
+mode the formula in torch ops with torch's autograd (form (b): what QuickGELU classes run, one
+rounding for 16-bit inputs); under torch.compile/export the custom op runs the reference's
+formula, torch having no QuickGELU op of its own (no native namespace).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._eager import eager_fast_path
 
 ALPHA = 1.702
 
@@ -83,7 +89,10 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
 
     x: any shape, float16/bfloat16/float32 (float64 on the reference backend). Returns a
     contiguous tensor of x's shape and dtype. Differentiable; works under torch.compile.
-    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch rule).
     """
     check_tensor(x, "x")
-    return QUICK_GELU(x.contiguous(), backend)
+    x = x.contiguous()
+    if eager_fast_path(x) and dispatch.pick("quick_gelu", x, backend=backend) == "native":
+        return _reference_forward(x)  # torch ops, differentiated by torch's autograd
+    return QUICK_GELU(x, backend)

@@ -14,6 +14,10 @@ dtype) and ``d_bias = sum over the B*nW windows of dz`` (fp32), reduced determin
 Every backend exposes ``forward(attn, bias, mask) -> probs`` with contiguous inputs, bias and
 mask already in the compute dtype (fp32; fp64 with fp64 attn), and
 ``backward(grad, probs) -> (d_attn, d_bias)``.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
+mode the additions and torch's softmax (``_swin.native_softmax``) with torch's autograd (form
+(b)); the custom op keeps the reference's formula (no native namespace).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
-from fusedops.ops._swin import add_window_mask, masked_softmax
+from fusedops.ops._eager import eager_fast_path
+from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax
 
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
 MAX_N = {"triton": 4096, "cuda": 1024}
@@ -178,4 +183,14 @@ def swin_attention_softmax(
             raise ValueError("attn_mask requires grad, but the op gives no gradient for the mask")
         attn_mask = attn_mask.to(dtype).contiguous()
     bias = relative_pos_bias.to(dtype).contiguous()
-    return SWIN_ATTENTION_SOFTMAX(attn.contiguous(), bias, attn_mask, backend)
+    attn = attn.contiguous()
+    if (
+        eager_fast_path(attn, bias, attn_mask)
+        and dispatch.pick("swin_attention_softmax", attn, backend=backend) == "native"
+    ):
+        # torch's softmax with torch's autograd; _safe_softmax gives fully masked rows zeros
+        z = attn.to(dtype) + bias
+        if attn_mask is not None:
+            z = add_window_mask(z, attn_mask)
+        return native_softmax(z).to(attn.dtype)
+    return SWIN_ATTENTION_SOFTMAX(attn, bias, attn_mask, backend)

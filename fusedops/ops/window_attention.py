@@ -21,6 +21,11 @@ and ``backward(dout, q, k, v, bias, mask, lse, scale, bias_grad) -> (dq, dk, dv,
 (dbias None unless ``bias_grad``; the output is not an argument, nor saved: no backend needs
 it). q, k, v and dout may be strided views (last dim stride 1 for the kernels); bias and mask
 are contiguous.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
+mode matmul + torch's softmax (``_swin.native_softmax``) + matmul with torch's autograd (form
+(b)); the custom op (torch.compile, export, XLA) keeps the reference's formula (matmul +
+softmax: no native namespace).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
-from fusedops.ops._swin import add_window_mask, masked_softmax, shifted_exp
+from fusedops.ops._eager import eager_fast_path
+from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax, shifted_exp
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -251,14 +257,27 @@ def window_attention(
     (float32 bias with bfloat16 q under autocast). scale: default ``d ** -0.5``.
     Returns ``(batch * nW, heads, N, d)`` contiguous, q's dtype; a fully masked query row gives
     zeros. Works under torch.compile (one custom op per direction) and fusedops.xla.
-    backend: "cuda" | "triton" | "reference" to force one (default: the dispatch rule).
+    backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch rule).
     """
     _check_inputs(q, k, v, relative_pos_bias, attn_mask)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     bias = relative_pos_bias.contiguous() if relative_pos_bias is not None else None
     mask = attn_mask.contiguous() if attn_mask is not None else None
+    if (
+        eager_fast_path(q, k, v, bias, mask)
+        and dispatch.pick("window_attention", q, k, v, bias, mask, backend=backend) == "native"
+    ):
+        return _native_eager(q, k, v, bias, mask, scale)
     out, _ = WINDOW_ATTENTION(q, k, v, bias, mask, scale, backend)
     return out
+
+
+def _native_eager(q, k, v, bias, mask, scale):
+    """The native path in eager mode: matmul, ``native_softmax`` (fully masked rows give 0,
+    NaN rows NaN: the op's rule), matmul, differentiated by torch's autograd."""
+    s = _scores(q, k, bias, mask, scale)
+    probs = native_softmax(s)
+    return torch.matmul(probs, v.to(s.dtype)).to(q.dtype)
 
 
 def attention_core(

@@ -11,6 +11,10 @@ Swin shifts by ``-s`` before partitioning and by ``+s`` after reversing. Each ba
 other gather with the shift negated. Shifts are taken modulo H and W. Every backend exposes
 ``partition(x, wh, ww, sh, sw)`` and ``reverse(windows, wh, ww, H, W, sh, sw)`` on contiguous
 inputs with shifts already reduced to ``0 <= sh < H``, ``0 <= sw < W``.
+
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
+mode ``torch.roll`` + view/permute + one copy with torch's autograd (form (b)), what Swin's own
+code runs; the custom ops keep the reference's gathers (no native namespace).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import define_op
+from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
 # Reference (plain PyTorch): the CPU path and the test oracle.
@@ -249,7 +254,13 @@ def window_partition_roll(
     window = _pair(window_size, "window_size", positive=True)
     shifts = _pair(shift, "shift", positive=False)
     _check_divisible("x", x.shape[1], x.shape[2], window)
-    return WINDOW_PARTITION_ROLL(x.contiguous(), *window, *shifts, backend)
+    x = x.contiguous()
+    if (
+        eager_fast_path(x)
+        and dispatch.pick("window_partition_roll", x, backend=backend) == "native"
+    ):
+        return _own(_native_partition(x, *window, *shifts), x)
+    return WINDOW_PARTITION_ROLL(x, *window, *shifts, backend)
 
 
 def window_reverse_roll(
@@ -278,4 +289,33 @@ def window_reverse_roll(
             f"windows has {windows.shape[0]} windows, not a multiple of the {per_image} windows "
             f"of one {size[0]}x{size[1]} map"
         )
-    return WINDOW_REVERSE_ROLL(windows.contiguous(), *window, *size, *shifts, backend)
+    windows = windows.contiguous()
+    if (
+        eager_fast_path(windows)
+        and dispatch.pick("window_reverse_roll", windows, backend=backend) == "native"
+    ):
+        return _own(_native_reverse(windows, *window, *size, *shifts), windows)
+    return WINDOW_REVERSE_ROLL(windows, *window, *size, *shifts, backend)
+
+
+def _own(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """out, copied where it is a view of ``source`` (no shift and a single window column)."""
+    return out.clone() if out.data_ptr() == source.data_ptr() and out.numel() else out
+
+
+def _native_partition(x, wh: int, ww: int, sh: int, sw: int) -> torch.Tensor:
+    """The native path in eager mode: roll, view, permute, one copy (torch's autograd)."""
+    batch, height, width, channels = x.shape
+    if _mod(sh, height) or _mod(sw, width):
+        x = torch.roll(x, (sh, sw), dims=(1, 2))
+    grid = x.view(batch, height // wh, wh, width // ww, ww, channels).permute(0, 1, 3, 2, 4, 5)
+    return grid.reshape(partition_shape(x, wh, ww))
+
+
+def _native_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int, sw: int):
+    """The native path in eager mode: view, permute, one copy, roll (torch's autograd)."""
+    shape = reverse_shape(windows, wh, ww, height, width)
+    batch, channels = shape[0], shape[-1]
+    grid = windows.view(batch, height // wh, width // ww, wh, ww, channels)
+    out = grid.permute(0, 1, 3, 2, 4, 5).reshape(shape)
+    return torch.roll(out, (sh, sw), dims=(1, 2)) if (_mod(sh, height) or _mod(sw, width)) else out

@@ -1,5 +1,7 @@
 """Bias-dropout-add in XLA: the same Philox words as every other backend (``ops/philox.py`` in
-jax int64 arithmetic), so a seed gives the same mask in an XLA program as in eager torch.
+jax int64 arithmetic), so a seed gives the same mask in an XLA program as in eager torch with
+``portable_mask=True`` (the op's ``portable`` argument is not read here: XLA has only the
+Philox mask).
 
 The seed is the op's ``int64[2]`` input (x64 is on inside fusedops' XLA programs); in a traced
 region it comes from ``torch.randint``, lowered with the region's random key.
@@ -32,7 +34,7 @@ def _dropout(v, seed, p: float):
 
 
 @register(fusedops.bias_dropout_add.default)
-def bias_dropout_add(x, bias, residual, seed, p, backend=None):
+def bias_dropout_add(x, bias, residual, seed, p, backend=None, portable=True):
     dtypes = [x.dtype, residual.dtype] + ([] if bias is None else [bias.dtype])
     compute = compute_dtype(*dtypes)
     v = x.astype(compute)
@@ -42,7 +44,7 @@ def bias_dropout_add(x, bias, residual, seed, p, backend=None):
 
 
 @register(fusedops.bias_dropout_add_backward.default)
-def bias_dropout_add_backward(grad, seed, p, x_dtype, bias_dtype, backend=None):
+def bias_dropout_add_backward(grad, seed, p, x_dtype, bias_dtype, backend=None, portable=True):
     x_type = jax_dtype(x_dtype)
     bias_type = None if bias_dtype is None else jax_dtype(bias_dtype)
     compute = compute_dtype(grad.dtype, x_type, bias_type)

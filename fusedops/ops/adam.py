@@ -115,13 +115,31 @@ reference = SimpleNamespace(step=_reference_step)
 def _native_step(
     params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, *, lr, lr_tensor,
     beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
+    clip_coef=None,
 ) -> None:  # fmt: skip
     """``_reference_step`` through ``torch._fused_adam_`` / ``torch._fused_adamw_`` (torch's own
     fused step, CPU and CUDA): the same steps convention (already incremented), grad_scale and
     found_inf handled by torch on the device. With master weights torch's step runs on the fp32
-    masters with fp32 copies of the gradients; the params receive the masters rounded."""
+    masters with fp32 copies of the gradients; the params receive the masters rounded. With
+    ``clip_coef`` torch's step reads clipped copies of the gradients (the gradients in memory
+    keep their unclipped values, unscaled when ``grad_scale`` is given); 16-bit params without
+    master weights then take the reference's formula (a 16-bit copy would round the clipped
+    gradient)."""
+    clipped = clip_coef is not None
+    if clipped and not masters and params[0].dtype in (torch.float16, torch.bfloat16):
+        _reference_step(
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr=lr,
+            lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+            amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, grad_scale=grad_scale,
+            found_inf=found_inf, clip_coef=clip_coef,
+        )  # fmt: skip
+        return
     fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
-    update_grads = grads if not masters else [g.to(torch.float32) for g in grads]
+    update_grads = grads
+    if clipped or masters:
+        update_grads = [g.to(torch.float32 if masters else g.dtype, copy=True) for g in grads]
+        if clipped:
+            torch._foreach_mul_(update_grads, clip_coef.to(update_grads[0].dtype))
     fused(
         masters or params,
         update_grads,
@@ -139,15 +157,17 @@ def _native_step(
         grad_scale=grad_scale,
         found_inf=found_inf,
     )
-    if not masters:
+    written, sources = (list(params), list(masters)) if masters else ([], [])
+    if grad_scale is not None and update_grads is not grads:
+        # torch unscaled update_grads in place; clipped copies hold the clipped values instead
+        unscaled = update_grads
+        if clipped:
+            unscaled = list(torch._foreach_div([g.to(torch.float32) for g in grads], grad_scale))
+        written, sources = [*written, *grads], [*sources, *unscaled]
+    if not written:
         return
-    written = params + (grads if grad_scale is not None else [])
-    sources = masters + (update_grads if grad_scale is not None else [])
     if found_inf is None:
         torch._foreach_copy_(written, sources)
-    elif found_inf.device.type == "cpu":
-        if not found_inf.item():  # free on a CPU tensor
-            torch._foreach_copy_(written, sources)
     else:  # no host sync: keep the old values where found_inf is set
         skip = found_inf != 0
         for target, source in zip(written, sources):

@@ -511,10 +511,11 @@ def test_every_backend_and_the_cpu_reference_share_the_mask(backend, dtype, shap
     bias = torch.zeros(shape[-1:], dtype=dtype, device=DEVICE) if with_bias else None
     residual = torch.zeros(shape, dtype=dtype, device=DEVICE)
     op = fusedops.ops.bias_dropout_add.BIAS_DROPOUT_ADD
+    # portable=True: native draws the Philox mask too (its default is torch's own mask)
     want = op(x.cpu(), None if bias is None else bias.cpu(), residual.cpu(), seed.cpu(), 0.5,
-              "reference")  # fmt: skip
+              "reference", True)  # fmt: skip
     assert 0 < torch.count_nonzero(want) < want.numel()  # some kept, some dropped
-    out = op(x, bias, residual, seed, 0.5, backend)
+    out = op(x, bias, residual, seed, 0.5, backend, True)
     assert out.device.type == DEVICE.type
     assert torch.equal(out.cpu(), want), backend
 
@@ -546,7 +547,7 @@ def test_misaligned_and_wide_rows(backend):
         residual = random_tensor((n + 1,), torch.float16, DEVICE)[1:].view(shape)
         grad = random_tensor(shape, torch.float16, DEVICE)
         out = _run(backend, x, bias, residual, grad, 13)
-        want = _expected(x, bias, residual, grad, _seed_of_next_call(13), P)
+        want = _expected(x, bias, residual, grad, _seed_of_next_call(13), P, backend)
         assert_close(out, want[0])
         assert_close(x.grad, want[1])
         assert_close(bias.grad, want[2], scale=math.sqrt(shape[0]))

@@ -40,7 +40,9 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
   the seed's key; other devices: the Philox words, no host sync). In eager mode it runs with
   torch's autograd (the mask is kept, one byte an element); the custom ops (torch.compile,
   export) regenerate the same mask from the seed. The custom ops take ``portable`` after
-  ``backend`` (the XLA lowering always computes the Philox mask).
+  ``backend`` (the XLA lowering always computes the Philox mask). When x, bias and residual
+  share a 16-bit dtype, native computes in it, rounding after each op as the torch code the op
+  replaces (``residual + dropout(x + bias)``) does; mixed or fp32 inputs compute in fp32.
 
 Every backend exposes ``forward(x, bias, residual, seed, p) -> out`` on contiguous x, bias (H,)
 or None, residual of x's shape, and ``backward(grad, seed, p, x_dtype, bias_dtype) ->
@@ -91,16 +93,16 @@ def _dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> torch.Tens
     return torch.where(keep, v * philox.dropout_scale(p), v.new_zeros(()))
 
 
-def _forward_with(dropout, x, bias, residual, seed, p):
-    compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+def _forward_with(dropout, x, bias, residual, seed, p, rule=compute_dtype):
+    compute = rule(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
     if bias is not None:
         v = v + bias.to(compute)
     return (residual.to(compute) + dropout(v, seed, p)).to(residual.dtype)
 
 
-def _backward_with(dropout, grad, seed, p, x_dtype, bias_dtype):
-    g = dropout(grad.to(compute_dtype(grad.dtype, x_dtype, bias_dtype)), seed, p)
+def _backward_with(dropout, grad, seed, p, x_dtype, bias_dtype, rule=compute_dtype):
+    g = dropout(grad.to(rule(grad.dtype, x_dtype, bias_dtype)), seed, p)
     grad_bias = None
     if bias_dtype is not None:
         width = grad.shape[-1] if grad.dim() else 1
@@ -136,9 +138,19 @@ def _native_dropout(v: torch.Tensor, seed: torch.Tensor | None, p: float) -> tor
     return torch.where(native_drop_mask(seed, p, v.shape), 0.0, v * philox.dropout_scale(p))
 
 
+def _native_compute(*dtypes: torch.dtype | None) -> torch.dtype:
+    """The native backend's compute dtype: the inputs' own 16-bit dtype when they all share it
+    (``residual + dropout(x + bias)`` in that dtype, rounding after each op as the torch code the
+    op replaces does), else the kernels' rule (fp32, fp64 for fp64 inputs)."""
+    given = {d for d in dtypes if d is not None}
+    if len(given) == 1 and given <= {torch.float16, torch.bfloat16}:
+        return given.pop()
+    return compute_dtype(*dtypes)
+
+
 native = SimpleNamespace(
-    forward=functools.partial(_forward_with, _native_dropout),
-    backward=functools.partial(_backward_with, _native_dropout),
+    forward=functools.partial(_forward_with, _native_dropout, rule=_native_compute),
+    backward=functools.partial(_backward_with, _native_dropout, rule=_native_compute),
 )
 
 
@@ -148,7 +160,7 @@ def _native_eager(x, bias, residual, seed, p):
     broadcastable to x; p < 1 (p = 1 goes through the op: its gradient of x is zeros, not None).
     The same roundings as the custom op's native namespace (so compiled and eager code agree
     bit for bit)."""
-    compute = compute_dtype(x.dtype, residual.dtype, None if bias is None else bias.dtype)
+    compute = _native_compute(x.dtype, residual.dtype, None if bias is None else bias.dtype)
     v = x.to(compute)
     if bias is not None:
         v = v + bias.to(compute)

@@ -4,9 +4,10 @@ Backward: ``dx = dy * (s + 1.702 * x * s * (1 - s))`` with ``s = sigmoid(1.702 *
 Math in fp32 for fp16/bf16 inputs; output in the input dtype.
 
 Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
-mode the formula in torch ops with torch's autograd (form (b): what QuickGELU classes run, one
-rounding for 16-bit inputs); under torch.compile/export the custom op runs the reference's
-formula, torch having no QuickGELU op of its own (no native namespace).
+mode the QuickGELU classes' own code, ``x * torch.sigmoid(1.702 * x)`` in x's dtype, with torch's
+autograd (what the hooks replace, roundings included: a 16-bit x rounds after each op where the
+kernels round once); under torch.compile/export the custom op runs the reference's formula,
+torch having no QuickGELU op of its own (no native namespace).
 """
 
 from __future__ import annotations
@@ -94,5 +95,7 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     check_tensor(x, "x")
     x = x.contiguous()
     if eager_fast_path(x) and dispatch.pick("quick_gelu", x, backend=backend) == "native":
-        return _reference_forward(x)  # torch ops, differentiated by torch's autograd
+        # torch ops differentiated by torch's autograd: the QuickGELU classes' own code (in a
+        # 16-bit x's dtype, rounding after each op as they do; fp32/fp64 as the reference)
+        return x * torch.sigmoid(ALPHA * x)
     return QUICK_GELU(x, backend)

@@ -432,6 +432,29 @@ def test_nan_scores_raise_value_error(backend):
             call()
 
 
+def test_nan_check_does_not_depend_on_where_sort_puts_nans(monkeypatch):
+    """CUDA's radix sort puts a NaN with the sign bit set last in a descending sort
+    (pytorch#190781), CPU's first: with a sort that puts NaNs last, NaN scores still raise."""
+    real_sort = torch.sort
+
+    def nans_last(t, *args, descending=False, **kwargs):
+        if not (descending and t.is_floating_point()):
+            return real_sort(t, *args, descending=descending, **kwargs)
+        key = torch.where(t.isnan(), -torch.inf, t)
+        indices = real_sort(key, *args, descending=True, **kwargs).indices
+        return torch.return_types.sort((t[indices], indices))
+
+    monkeypatch.setattr(torch, "sort", nans_last)
+    boxes, scores = random_boxes(20, "heavy")
+    scores[7], scores[11] = float("nan"), -float("nan")
+    idxs = torch.zeros(20, dtype=torch.int64, device=DEVICE)
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match="scores contains NaN"):
+            fusedops.nms(boxes, scores, 0.5, backend=backend)
+        with pytest.raises(ValueError, match="scores contains NaN"):
+            fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
+
+
 def _nan_case(device=DEVICE):
     """Two boxes of two classes, the second scored NaN (the review's case)."""
     boxes = torch.tensor([[0, 0, 10, 10], [20, 20, 30, 30]], dtype=torch.float32, device=device)
@@ -578,8 +601,11 @@ def test_torch_compile_fullgraph():
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         compiled = torch.compile(post, fullgraph=True, backend="aot_eager")
         got = compiled(boxes, scores, idxs)
-    for a, b in zip(got, post(boxes, scores, idxs)):
-        assert torch.equal(a, b)
+        for a, b in zip(got, post(boxes, scores, idxs)):
+            assert torch.equal(a, b)
+        scores[5] = float("nan")  # compiled, the failed check is a RuntimeError on count >= 0
+        with pytest.raises((ValueError, RuntimeError), match="NaN|>= 0"):
+            compiled(boxes, scores, idxs)
 
 
 def test_opcheck():

@@ -34,7 +34,9 @@ BOX_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def random_boxes(n, overlap="heavy", dtype=torch.float32, device=DEVICE, seed=None):
     """(boxes (n, 4), scores (n,)): "heavy": jittered around a few centres; "none": disjoint
     cells of a grid; "some": uniform positions and sizes."""
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    if seed is None:  # from the global generator (seeded per test by conftest): reproducible
+        seed = int(torch.randint(2**31, (1,), device="cpu"))
+    g = torch.Generator().manual_seed(seed)
     if overlap == "none":
         side = max(1, int(np.ceil(np.sqrt(n))))
         cell = torch.arange(n)

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from fusedops.testing import poisoned_outputs  # noqa: E402
 
 SESSION_SEED = int(os.environ.get("FUSEDOPS_TEST_SEED") or secrets.randbelow(2**32))
+os.environ["FUSEDOPS_TEST_SEED"] = str(SESSION_SEED)  # xdist workers and subprocesses share it
 
 
 def test_seed(nodeid: str, session_seed: int = SESSION_SEED) -> int:

@@ -94,3 +94,14 @@ def test_non_contiguous_view_keeps_values():
     t = torch.arange(12.0).view(3, 4)
     view = non_contiguous(t)
     assert not view.is_contiguous() and torch.equal(view, t)
+
+
+def test_each_test_starts_from_the_seed_of_its_node_id(request):
+    """conftest seeds torch from (session seed, node id) before each test: replayable."""
+    from tests.conftest import SESSION_SEED, test_seed
+
+    first = torch.rand(3, device="cpu")
+    torch.manual_seed(test_seed(request.node.nodeid))
+    assert torch.equal(first, torch.rand(3, device="cpu"))
+    assert test_seed("a", SESSION_SEED) == test_seed("a") != test_seed("b")
+    assert test_seed("a", 1) != test_seed("a", 2)

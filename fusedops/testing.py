@@ -1,14 +1,37 @@
-"""Test helpers shared by every op's tests: one tolerance table, output poisoning, inputs.
+"""Test helpers shared by every op's tests: one tolerance rule, output poisoning, inputs.
 
-Results are compared in float64 against a float64 reference, with the tolerance of the dtype
-the kernel computed in (``TOLERANCES``). Poisoning fills every kernel output with NaN before the
-kernel runs, so an element the kernel forgot to write fails the comparison.
+Tolerances come from one rule, derived from the dtypes' unit roundoff ``u(dtype)`` (half the
+machine epsilon: the largest relative error of one rounding)::
+
+    rtol = c * (u(dtype) + u(compute) * sqrt(terms))
+    atol = rtol * magnitude
+
+with ``c = ROUNDINGS`` (4: the result's own rounding and the oracle's, each with a factor 2 of
+margin). ``dtype`` is the dtype the result is stored in; ``compute`` the dtype the kernel (or
+the oracle, whichever is coarser) accumulates in (float32 for 16- and 32-bit results, float64
+for float64); ``terms`` the number of terms summed into one output element; ``magnitude`` the
+scale of those terms (``sum |term|`` over one element, or its maximum over the output; a
+tensor gives a bound per element). Summation errors grow as ``sqrt(terms)`` for random inputs
+(the worst case is linear), so a tolerance below this is flaky: a difference of one ulp of the
+values' magnitude is then a failure for some random inputs and not for others. The relative
+part also carries the summation term: ``|result| <= sum |term|``, so it never allows more than
+the absolute part would with the true magnitude.
+
+``TOLERANCES`` (the default of every helper) is this rule with ``terms = DEFAULT_TERMS`` (2048)
+and ``magnitude = 1``: a kernel's result against the float64 reference, for reductions over
+rows of up to ~2k unit-scale terms. A comparison whose sums are longer or larger passes
+``terms`` / ``magnitude``; ``scale`` multiplies both tolerances (kept for existing callers).
+
+Results are compared in float64 against a float64 reference. Poisoning fills every kernel
+output with NaN before the kernel runs, so an element the kernel forgot to write fails the
+comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -20,19 +43,56 @@ import torch
 
 from fusedops import _alloc
 
-#: dtype -> (rtol, atol) for a kernel result against the float64 reference. One table for all ops.
+#: c in the rule: roundings (result's and oracle's, each with a factor 2) per error source.
+ROUNDINGS = 4
+#: terms summed per output element that the default tolerances allow for.
+DEFAULT_TERMS = 2048
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u(dtype): the largest relative error of rounding to the floating ``dtype`` (eps / 2)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    return torch.finfo(dtype).eps / 2
+
+
+def default_compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels accumulate in for results of ``dtype``: float64 for float64, else
+    float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def tolerance(
+    dtype: torch.dtype,
+    scale: float = 1.0,
+    *,
+    terms: int = DEFAULT_TERMS,
+    magnitude: float = 1.0,
+    compute: torch.dtype | None = None,
+) -> tuple[float, float]:
+    """(rtol, atol) for a result stored in ``dtype`` (see the module docstring's rule).
+
+    terms: number of terms summed into one output element (>= 1); magnitude: their scale
+    (sum of |term|, >= 0); compute: the accumulation dtype (default: float32, float64 for
+    float64 results); scale multiplies both.
+    """
+    if isinstance(terms, bool) or not isinstance(terms, int):
+        raise TypeError(f"terms must be an int, got {type(terms).__name__}")
+    if terms < 1:
+        raise ValueError(f"terms must be >= 1, got {terms}")
+    if not magnitude >= 0:
+        raise ValueError(f"magnitude must be >= 0, got {magnitude}")
+    compute = compute or default_compute_dtype(dtype)
+    rtol = ROUNDINGS * (unit_roundoff(dtype) + unit_roundoff(compute) * math.sqrt(terms)) * scale
+    return rtol, rtol * magnitude
+
+
+#: dtype -> (rtol, atol) for a kernel result against the float64 reference: the rule's
+#: defaults (``tolerance(dtype)``), one table for all ops.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
+    dtype: tolerance(dtype)
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 }
-
-
-def tolerance(dtype: torch.dtype, scale: float = 1.0) -> tuple[float, float]:
-    """(rtol, atol) for ``dtype``, optionally scaled (e.g. for reductions over long rows)."""
-    rtol, atol = TOLERANCES[dtype]
-    return rtol * scale, atol * scale
 
 
 def assert_close(
@@ -41,18 +101,38 @@ def assert_close(
     *,
     dtype: torch.dtype | None = None,
     scale: float = 1.0,
+    terms: int = DEFAULT_TERMS,
+    magnitude: float | torch.Tensor = 1.0,
+    compute: torch.dtype | None = None,
     msg: str = "",
 ) -> None:
-    """Assert ``actual`` matches ``expected`` within the table's tolerance for ``dtype``
-    (default: ``actual.dtype``). Shapes must match; NaN anywhere in ``actual`` fails unless
-    ``expected`` has NaN in the same place."""
+    """Assert ``actual`` matches ``expected`` within :func:`tolerance` for ``dtype`` (default:
+    ``actual.dtype``) and ``terms`` / ``magnitude`` / ``compute`` / ``scale``: elementwise
+    ``|actual - expected| <= atol + rtol * |expected|``. ``magnitude`` may be a tensor
+    broadcastable to ``expected`` (a bound per element). Shapes must match; NaN anywhere in
+    ``actual`` fails unless ``expected`` has NaN in the same place."""
     dtype = dtype or actual.dtype
-    rtol, atol = tolerance(dtype, scale)
     if actual.shape != expected.shape:
         raise AssertionError(f"{msg} shape {tuple(actual.shape)} != {tuple(expected.shape)}")
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if isinstance(magnitude, torch.Tensor):
+        rtol, atol = tolerance(dtype, scale, terms=terms, compute=compute)
+        bound = atol * magnitude.detach().double().cpu().abs() + rtol * e.abs()
+        # the error in units of the bound, 0 where both agree (equal infinities, both NaN)
+        same = (a == e) | (a.isnan() & e.isnan())
+        ratio = torch.where(same, 0.0, (a - e).abs() / bound)
+        torch.testing.assert_close(
+            ratio,
+            torch.zeros_like(ratio),
+            rtol=0,
+            atol=1,
+            msg=lambda m: f"{msg} [{dtype}, error / elementwise bound, terms={terms}]\n{m}",
+        )
+        return
+    rtol, atol = tolerance(dtype, scale, terms=terms, magnitude=magnitude, compute=compute)
     torch.testing.assert_close(
-        actual.detach().double().cpu(),
-        expected.detach().double().cpu(),
+        a,
+        e,
         rtol=rtol,
         atol=atol,
         equal_nan=True,

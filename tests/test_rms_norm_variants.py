@@ -17,6 +17,7 @@ import fusedops
 from fusedops.dispatch import triton_interpreter
 from fusedops.nn import rms_norm_variants
 from fusedops.testing import (
+    TOLERANCES,
     assert_close,
     backends_under_test,
     device_under_test,
@@ -116,7 +117,8 @@ def _float64(original, x, grad):
 def _same_rounding_fraction(actual, expected):
     """Fraction of elements equal within the fp32 tolerance: near 1 when the rounding points
     are the original's, near 0 when an fp32 output skipped a rounding to bf16/fp16."""
-    close = torch.isclose(actual.double(), expected.double(), rtol=1e-5, atol=1e-5)
+    rtol, atol = TOLERANCES[torch.float32]
+    close = torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol)
     return close.double().mean().item()
 
 

@@ -119,7 +119,9 @@ def _nms_forward(
     if n == 0:
         empty = boxes.new_empty((0,), dtype=torch.int64)
         return empty, boxes.new_zeros((), dtype=torch.int64)
-    values, order = torch.sort(scores, descending=True, stable=True)  # NaN sorts first
+    # where a NaN sorts is not the same everywhere (CUDA's radix sort orders NaNs by their sign
+    # bit, pytorch#190781): the NaN check reads the scores, not the sorted values
+    order = torch.sort(scores, descending=True, stable=True).indices
     if idxs is None:
         positions, count = impl.nms_walk(boxes[order], None, iou_threshold, offset)
         keep = _with_sentinel(order, -1)[positions]
@@ -129,7 +131,7 @@ def _nms_forward(
         positions, count = impl.nms_walk(boxes[order[rank]], classes_p, iou_threshold, offset)
         kept_ranks = torch.sort(_with_sentinel(rank, n)[positions]).values
         keep = _with_sentinel(order, -1)[kept_ranks]
-    return keep, torch.where(values[0].isnan(), -1, count)
+    return keep, torch.where(scores.isnan().any(), -1, count)
 
 
 def _nms_fake(boxes, scores, idxs, iou_threshold, offset, backend=None):
@@ -267,9 +269,16 @@ def _soft_options(iou_threshold, sigma, min_score, method, offset):
 
 
 def _length(count: torch.Tensor, size: int) -> int:
-    """The result's length from an op's count: the one host synchronisation."""
+    """The result's length from an op's count: the one host synchronisation. Count -1 (a NaN
+    score) raises ValueError in eager mode; in a compiled graph a failed check is a
+    RuntimeError whichever check raises it, and torch._check is the one Dynamo traces in
+    every supported torch (torch 2.11's Dynamo has no handler for torch._check_with, added by
+    pytorch#181552: the graph broke there, and fullgraph=True failed)."""
     n = count.item()
-    torch._check_with(ValueError, n >= 0, lambda: NAN_MESSAGE)
+    if torch.compiler.is_compiling():
+        torch._check(n >= 0, lambda: NAN_MESSAGE)
+    elif n < 0:
+        raise ValueError(NAN_MESSAGE)
     torch._check(n <= size)
     return n
 

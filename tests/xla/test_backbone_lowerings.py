@@ -129,7 +129,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_backbone_op_matches_eager_forward_and_backward(case):
     fn, build = CASES[case]
-    check_traced(fn, *build(), rtol=2e-5, atol=2e-5)
+    check_traced(fn, *build())  # the default bound: sums of up to 2048 unit-scale terms
 
 
 GRID_SAMPLE_CASES = [

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+from fusedops.testing import DEFAULT_TERMS, tolerance
 from fusedops.xla import partial_trace
 
 
@@ -41,7 +42,7 @@ def _fresh(args, grad: bool):
     ]
 
 
-def _assert_same(actual, expected, what: str, rtol: float, atol: float):
+def _assert_same(actual, expected, what: str, rtol, atol, bound: dict):
     a_leaves, e_leaves = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
     assert len(a_leaves) == len(e_leaves), what
     for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
@@ -53,6 +54,12 @@ def _assert_same(actual, expected, what: str, rtol: float, atol: float):
             f"{what}[{i}]: {a.dtype}{list(a.shape)}, eager {e.dtype}{list(e.shape)}"
         )
         if e.is_floating_point() or e.is_complex():
+            real = e.real.dtype if e.is_complex() else e.dtype
+            derived = tolerance(real, **bound)
+            rtol, atol = (
+                (derived[0] if rtol is None else rtol),
+                (derived[1] if atol is None else atol),
+            )
             torch.testing.assert_close(
                 a.detach(),
                 e.detach(),
@@ -65,19 +72,31 @@ def _assert_same(actual, expected, what: str, rtol: float, atol: float):
             assert torch.equal(a, e), f"{what}[{i}]: {a} != {e}"
 
 
-def check_traced(fn, *args, grad: bool = True, rtol: float = 1e-5, atol: float = 1e-5):
+def check_traced(
+    fn,
+    *args,
+    grad: bool = True,
+    rtol: float | None = None,
+    atol: float | None = None,
+    terms: int = DEFAULT_TERMS,
+    magnitude: float = 1.0,
+    compute: torch.dtype | None = None,
+):
     """Run ``fn(*args)`` eagerly and as ``partial_trace(fn, fullgraph=True)``: same outputs
     and (``grad``) the same gradients of every float tensor argument under a random cotangent.
-    Returns the traced function (its ``stats``)."""
+    Tolerances: ``rtol`` / ``atol`` where given, else ``fusedops.testing.tolerance`` of each
+    result's dtype with ``terms`` (the longest sum behind one element, gradients included),
+    ``magnitude`` and ``compute``. Returns the traced function (its ``stats``)."""
+    bound = {"terms": terms, "magnitude": magnitude, "compute": compute}
     torch._dynamo.reset()
     traced = partial_trace(fn, fullgraph=True)
     eager_args, traced_args = _fresh(args, grad), _fresh(args, grad)
     expected = fn(*eager_args)
     actual = traced(*traced_args)
-    _assert_same(actual, expected, "output", rtol, atol)
+    _assert_same(actual, expected, "output", rtol, atol, bound)
     if grad:
         want = _grads(expected, eager_args, 0)
         got = _grads(actual, traced_args, 0)
-        _assert_same(got, want, "grad", rtol, atol)
+        _assert_same(got, want, "grad", rtol, atol, bound)
     assert traced.stats.programs >= 1 and not traced.stats.eager_ops
     return traced

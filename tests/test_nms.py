@@ -795,3 +795,46 @@ def test_triton_kernels_compile_for_sm80_and_sm90():
     pytest.importorskip("triton")
     done = run_python("-c", _COMPILE_TRITON_KERNELS, cwd=REPO, env={"TRITON_INTERPRET": "0"})
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+def test_native_nms_runs_torchvisions_op_where_installed(monkeypatch):
+    """The automatic pick on CPU (native) calls torchvision's compiled op where torchvision
+    loads, once for nms and once per class for batched_nms, with the op's semantics (kept
+    indices by decreasing score); a stand-in op (our reference) plays torchvision here."""
+    from fusedops.ops import nms as nms_ops
+
+    calls = []
+
+    def stand_in(boxes, scores, iou_threshold):  # torchvision's greedy NMS, plainly
+        calls.append(boxes.shape[0])
+        b = boxes.double()
+        area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+        lo, hi = (
+            torch.maximum(b[:, None, :2], b[None, :, :2]),
+            torch.minimum(b[:, None, 2:], b[None, :, 2:]),
+        )
+        inter = (hi - lo).clamp(min=0).prod(-1)
+        iou = inter / (area[:, None] + area[None, :] - inter)
+        keep, dropped = [], torch.zeros(len(b), dtype=torch.bool)
+        for i in torch.sort(scores, descending=True, stable=True).indices.tolist():
+            if not dropped[i]:
+                keep.append(i)
+                dropped |= iou[i].cpu() > iou_threshold
+        return torch.tensor(keep, dtype=torch.int64, device=boxes.device)
+
+    monkeypatch.setattr(nms_ops, "torchvision_nms", lambda: stand_in)
+    boxes, scores = random_boxes(300, "some", torch.float32, DEVICE)
+    labels = torch.randint(0, 4, (300,), device=DEVICE)
+    got = fusedops.nms(boxes, scores, 0.5)
+    assert fusedops.dispatch.last_used["nms"] == "native" and calls == [300]
+    assert torch.equal(got, fusedops.nms(boxes, scores, 0.5, backend="reference"))
+    calls.clear()
+    got = fusedops.batched_nms(boxes, scores, labels, 0.5)
+    assert sorted(calls) == sorted(torch.bincount(labels).tolist())
+    assert torch.equal(got, fusedops.batched_nms(boxes, scores, labels, 0.5, backend="reference"))
+    with pytest.raises(ValueError, match="NaN"):
+        fusedops.nms(boxes, torch.where(scores > 0.9, float("nan"), scores), 0.5)
+    calls.clear()  # other dtypes and forced backends take the custom op
+    fusedops.nms(boxes.half(), scores.half(), 0.5)
+    fusedops.nms(boxes, scores, 0.5, backend="reference")
+    assert calls == []

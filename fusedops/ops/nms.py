@@ -41,6 +41,7 @@ called yet, so the result never depends on whether torchvision is installed).
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import torch
@@ -50,6 +51,7 @@ from fusedops.ops import nms_reference
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._eager import eager_fast_path
 
 SOFT_NMS_METHODS = {
     "naive": nms_reference.NAIVE,
@@ -284,6 +286,51 @@ def _length(count: torch.Tensor, size: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------
+# Native: torchvision's compiled NMS where it is installed (the op the nms hook replaces).
+
+
+@functools.cache
+def torchvision_nms():
+    """``torch.ops.torchvision.nms`` (torchvision's C++/CUDA kernel) where torchvision is
+    installed and its ops load with this torch, else None. The hooks patch torchvision's Python
+    functions, never this op, so calling it cannot come back into fusedops."""
+    try:
+        import torchvision  # noqa: F401  (registers torch.ops.torchvision)
+
+        return torch.ops.torchvision.nms
+    except (ImportError, AttributeError, RuntimeError, OSError):
+        return None
+
+
+def _native_nms(boxes, scores, idxs, iou_threshold, backend):
+    """Plain eager ``nms``/``batched_nms`` on the native pick through torchvision's op (float32
+    or float64 boxes and scores of one dtype; batched: one call per class, as torchvision's own
+    batched_nms does past 4k boxes on a CPU, so boxes of different classes never interact), or
+    None where the custom op (the reference's vectorised PyTorch) must run instead. Kept
+    indices in decreasing score order, ties by index (a stable sort of the kept scores)."""
+    op = torchvision_nms()
+    if (
+        op is None
+        or not eager_fast_path(boxes, scores, idxs)
+        or boxes.dtype not in (torch.float32, torch.float64)
+        or scores.dtype != boxes.dtype
+        or dispatch.pick("nms", boxes, backend=backend) != "native"
+    ):
+        return None
+    if bool(scores.isnan().any()):
+        raise ValueError(NAN_MESSAGE)
+    if idxs is None:
+        kept = op(boxes, scores, iou_threshold)
+    else:
+        keep_mask = torch.zeros_like(scores, dtype=torch.bool)
+        for label in torch.unique(idxs):
+            members = torch.nonzero(idxs == label).flatten()
+            keep_mask[members[op(boxes[members], scores[members], iou_threshold)]] = True
+        kept = torch.nonzero(keep_mask).flatten()
+    return kept[torch.sort(scores[kept], descending=True, stable=True).indices]
+
+
+# ------------------------------------------------------------------------------------------
 # Public functions.
 
 
@@ -300,6 +347,9 @@ def nms(
     """
     boxes, scores, _ = _check_boxes_scores(boxes, scores)
     thr = _number(iou_threshold, "iou_threshold")
+    native = _native_nms(boxes, scores, None, thr, backend)
+    if native is not None:
+        return native
     keep, count = NMS(boxes, scores, None, thr, 0, backend)
     return keep[: _length(count, keep.shape[0])]
 
@@ -318,6 +368,9 @@ def batched_nms(
     """
     boxes, scores, idxs = _check_boxes_scores(boxes, scores, idxs, batched=True)
     thr = _number(iou_threshold, "iou_threshold")
+    native = _native_nms(boxes, scores, idxs, thr, backend)
+    if native is not None:
+        return native
     keep, count = NMS(boxes, scores, idxs, thr, 0, backend)
     return keep[: _length(count, keep.shape[0])]
 

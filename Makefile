@@ -8,7 +8,7 @@ PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.fusedops-installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint format bench install clean
+.PHONY: test demo lint format bench kernel-report install clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# Triton and CUDA kernels compiled for sm_90/sm_80 without a GPU: registers, spills, occupancy.
+kernel-report: $(STAMP)
+	$(PY) benchmarks/kernel_report.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

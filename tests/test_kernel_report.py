@@ -1,0 +1,155 @@
+"""benchmarks/kernel_report.py: occupancy rules, parsing of compiled kernels (a tiny CUDA
+kernel through nvcc, a tiny Triton kernel through _static) and the markdown writer."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import kernel_report  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "threads, registers, shared, arch, expected",
+    [
+        # 128 threads x 64 regs: 2048 regs/warp -> 32 warps -> 8 CTAs (threads allow 16)
+        (128, 64, 0, 90, (8, "regs")),
+        # 256 threads x 32 regs: 1024 regs/warp -> 64 warps -> 8 CTAs = 2048 threads: regs first
+        (256, 32, 0, 90, (8, "regs")),
+        # 33 regs round up to 40 per thread (1280 per warp): 51 warps -> 6 CTAs of 8 warps
+        (256, 33, 0, 90, (6, "regs")),
+        # 100 KB + 1 KB reserved per block: 228 KB / 101 KB -> 2 (sm_80: 164 / 101 -> 1)
+        (128, 32, 100 * 1024, 90, (2, "smem")),
+        (128, 32, 100 * 1024, 80, (1, "smem")),
+        # 32 threads x 16 regs: 32 blocks/SM first (threads would allow 64, regs 128)
+        (32, 16, 0, 90, (32, "blocks")),
+        # 1024 threads x 32 regs: 2 CTAs by threads (and by regs: 64 warps / 32)
+        (1024, 16, 0, 90, (2, "threads")),
+    ],
+)
+def test_occupancy_by_hand(threads, registers, shared, arch, expected):
+    assert kernel_report.occupancy(threads, registers, shared, arch) == expected
+
+
+def test_occupancy_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="arch"):
+        kernel_report.occupancy(128, 32, 0, 75)
+    with pytest.raises(ValueError, match="threads"):
+        kernel_report.occupancy(0, 32, 0, 90)
+
+
+def test_sass_facts_widths_and_mma():
+    sass = """
+        /*0010*/  LDG.E.128.CONSTANT R4, desc[UR4][R2.64] ;
+        /*0020*/  LDG.E.U16 R8, desc[UR4][R6.64] ;
+        /*0030*/  HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
+        /*0040*/  HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0050*/  STG.E.64 desc[UR4][R2.64], R12 ;
+    """
+    assert kernel_report.sass_facts(sass) == {"mma": 2, "ldg_bits": 128, "stg_bits": 64}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_cuda_kernel_parses(tmp_path):
+    source = tmp_path / "tiny.cu"
+    source.write_text(
+        """
+#include <cuda_fp16.h>
+template <typename T>
+__global__ void tiny(const float4* __restrict__ a, float4* __restrict__ b, int n) {
+  __shared__ float stage[128];
+  float local[64];
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int j = 0; j < 64; ++j) {
+    const float4 v = a[(i + j * n) % n];
+    local[j] = v.x + v.y + v.z + v.w;
+  }
+  stage[threadIdx.x % 128] = local[i % 64];
+  __syncthreads();
+  if (i < n) b[i] = make_float4(stage[(threadIdx.x + 1) % 128], 0.f, 0.f, 0.f);
+}
+template __global__ void tiny<__half>(const float4*, float4*, int);
+template __global__ void tiny<float>(const float4*, float4*, int);
+"""
+    )
+    cubin = tmp_path / "tiny.cubin"
+    command = ["nvcc", "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", str(source)]
+    done = subprocess.run(command + ["-o", str(cubin)], capture_output=True, text=True, check=True)
+    ptxas = kernel_report.parse_ptxas(done.stdout + done.stderr)
+    functions = kernel_report.cubin_functions(cubin)
+    assert set(ptxas) == set(functions) and len(functions) == 2
+    names = kernel_report.demangle(sorted(functions))
+    dtypes = sorted(kernel_report._cuda_dtype(names[n]) for n in functions)
+    assert dtypes == ["fp16", "fp32"]
+    for name, facts in functions.items():
+        assert facts["REG"] == ptxas[name]["registers"] > 0
+        # ptxas: the kernel's 512 B; cuobjdump's SHARED adds what the arch reserves (1 KB)
+        assert ptxas[name]["smem"] == 512 and facts["SHARED"] >= 512
+        # the indexed local array lives in local memory: a 256 B stack frame
+        assert facts["STACK"] == ptxas[name]["stack"] >= 256
+        assert facts["ldg_bits"] == 128 and facts["stg_bits"] == 128
+        assert facts["mma"] == 0
+
+
+@triton.jit
+def _tiny_dot(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
+    rows = tl.arange(0, BLOCK)
+    tile = rows[:, None] * BLOCK + rows[None, :]
+    a = tl.load(a_ptr + tile)
+    b = tl.load(b_ptr + tile)
+    tl.store(c_ptr + tile, tl.dot(a, b).to(c_ptr.dtype.element_ty), mask=tile < n)
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_triton_kernel_parses(arch):
+    launch = kernel_report.Launch(
+        "tiny", _tiny_dot, torch.float16, "(32, 32)", {"BLOCK": 32}, divisible=("n",)
+    )
+    facts = kernel_report.compile_triton(launch, arch)
+    assert facts["registers"] > 0 and facts["spill_bytes"] == 0 and facts["local"] == 0
+    assert facts["threads"] == 128
+    assert facts["mma"] > 0  # fp16 tl.dot: HMMA (sm_80) / HGMMA or HMMA (sm_90)
+    assert facts["ldg_bits"] == 128 and facts["stg_bits"] >= 64
+
+
+def test_markdown_writer():
+    rows = [
+        kernel_report.finish(
+            {
+                "op": "tiny",
+                "kernel": "k",
+                "backend": "triton",
+                "arch": 90,
+                "dtype": "fp32",
+                "shape": "(8,)",
+                "threads": 128,
+                "registers": 64,
+                "spill_bytes": 8,
+                "local": 16,
+                "shared": 0,
+                "mma": 0,
+                "ldg_bits": 128,
+                "stg_bits": 32,
+                "ideal_bytes": 64,
+                "achieved": "",
+            }
+        )  # fmt: skip
+    ]
+    assert rows[0]["ctas_per_sm"] == 8 and rows[0]["limit"] == "regs"
+    text = kernel_report.markdown(rows, "# header\n")
+    lines = text.splitlines()
+    assert lines[0] == "# header"
+    assert "- **tiny triton fp32** (1 rows): no tensor-core instructions; spills up to 8 B" in text
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == "| " + " | ".join(kernel_report.FIELDS) + " |"
+    assert len(table) == 3  # header, rule, one row
+    assert table[2].split(" | ")[kernel_report.FIELDS.index("ctas_per_sm")] == "8"

@@ -47,6 +47,7 @@ OP_TEST_FILES: dict[str, tuple[str, ...]] = {
     "window_reverse_roll": ("test_window_process",),
     "nms": ("test_nms",),  # nms, batched_nms, nms_normal
     "soft_nms": ("test_nms",),  # soft_nms, batched_soft_nms
+    "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
 }
 
 

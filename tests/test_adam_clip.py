@@ -127,7 +127,7 @@ def test_step_without_clipping_returns_none_and_with_closure_the_loss(backend):
         p.grad = torch.randn_like(p)
     assert FusedAdam(params, backend=backend).step() is None
     opt = FusedAdamW(params, backend=backend, max_grad_norm=1.0)
-    assert opt.step(lambda: torch.tensor(3.0)) == 3.0
+    assert opt.step(lambda: torch.tensor(3.0, device=DEVICE)) == 3.0
     expected = torch.nn.utils.get_total_norm([p.grad for p in params])
     assert_close(opt.last_grad_norm, expected, scale=NORM_TERMS)
 

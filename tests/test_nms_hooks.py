@@ -206,7 +206,7 @@ def test_detection_code_gets_fusedops_nms_when_enabled_before_import(tmp_path):
     lines = out.splitlines()
     assert "tv True True" in lines
     assert "mm True True fusedops.hooks.lib_mmcv" in lines
-    assert "ran on {'nms': 'reference', 'soft_nms': 'reference'}" in lines
+    assert "ran on {'nms': 'native', 'soft_nms': 'native'}" in lines
     for name in ("tv batched", "tv nms", "mm nms", "mm soft", "mm agnostic", "mm offset"):
         assert f"{name} True" in lines, out
     assert "mm numpy True" in lines and "mm linear True" in lines

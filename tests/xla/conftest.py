@@ -24,7 +24,13 @@ def no_tf32():
     after it. torch's ``allow_tf32`` flags are properties of module objects that
     ``monkeypatch.setattr`` cannot restore (it deletes what it finds no instance attribute of)."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = matmul.allow_tf32, cudnn.allow_tf32
-    matmul.allow_tf32 = cudnn.allow_tf32 = False
-    yield
-    matmul.allow_tf32, cudnn.allow_tf32 = saved
+    saved = matmul.allow_tf32
+    # cudnn's flags through its context manager: once a test module has imported
+    # torch.testing._internal (which disables the global flags) plain assignment raises
+    current = dict(enabled=cudnn.enabled, benchmark=cudnn.benchmark)
+    with cudnn.flags(**current, deterministic=cudnn.deterministic, allow_tf32=False):
+        matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved

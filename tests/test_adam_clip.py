@@ -314,3 +314,30 @@ def test_hooked_torch_adamw_takes_max_grad_norm():
         ref_opt.step()
     for p, q in zip(ours, theirs):
         assert_close(p, q)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_param_groups_on_two_devices_share_one_global_norm(norm_type):
+    """Params on the CPU and on the device under test (two devices on a GPU machine; here both
+    on the CPU, so the grouping logic still runs): one global norm over both, each device's
+    update clipped by it, as clip_grad_norm_ then AdamW."""
+    devices = (torch.device("cpu"), DEVICE)
+    shapes = ((6, 5), (11,), (4, 4), (9,))
+    params = [
+        torch.randn(shape, device="cpu").to(devices[i % 2]).requires_grad_()
+        for i, shape in enumerate(shapes)
+    ]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    opt = FusedAdamW(params, lr=0.01, weight_decay=0.1, max_grad_norm=0.5, norm_type=norm_type)
+    ref_opt = torch.optim.AdamW(ref, lr=0.01, weight_decay=0.1, foreach=False)
+    for step in range(3):
+        for p, r in zip(params, ref):
+            g = torch.randn(p.shape, device="cpu") * GRAD_SCALES[step]
+            p.grad, r.grad = g.to(p.device), g.to(p.device)
+        norm = opt.step()
+        want = torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type=norm_type)
+        ref_opt.step()
+        assert_close(norm.cpu(), want.cpu(), scale=NORM_TERMS, msg=f"norm, step {step}")
+        for p, r in zip(params, ref):
+            assert p.device == r.device
+            assert_close(p, r, msg=f"params, step {step}")

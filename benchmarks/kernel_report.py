@@ -221,7 +221,9 @@ def compile_triton(launch: Launch, arch: int) -> dict:
     shared bytes, ptxas registers and spills, cuobjdump's stack/local and SASS facts."""
     from triton.backends.compiler import GPUTarget
 
-    kernel = _static.compilable(launch.kernel)
+    if _static._interpreting():
+        raise RuntimeError("kernel_report compiles kernels: run it with TRITON_INTERPRET=0")
+    kernel = launch.kernel
     signature = launch.signature()
     attrs = {
         (i,): [["tt.divisibility", 16]]

@@ -3,17 +3,20 @@ kernel through nvcc, a tiny Triton kernel through _static) and the markdown writ
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from fusedops.testing import run_python
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kernel_report  # noqa: E402
 
@@ -109,12 +112,26 @@ def _tiny_dot(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
     tl.store(c_ptr + tile, tl.dot(a, b).to(c_ptr.dtype.element_ty), mask=tile < n)
 
 
+def _compile_tiny_dot(arch: int) -> dict:
+    """kernel_report.compile_triton on _tiny_dot in a fresh interpreter with Triton's
+    interpreter off (this process runs it: nothing can be compiled here)."""
+    code = (
+        "import json, sys, torch\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "import kernel_report\n"
+        "from tests.test_kernel_report import _tiny_dot\n"
+        "launch = kernel_report.Launch('tiny', _tiny_dot, torch.float16, '(32, 32)',"
+        " {'BLOCK': 32}, divisible=('n',))\n"
+        f"print(json.dumps(kernel_report.compile_triton(launch, {arch})))\n"
+    )
+    done = run_python("-c", code, cwd=ROOT, env={"TRITON_INTERPRET": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("arch", [90, 80])
 def test_triton_kernel_parses(arch):
-    launch = kernel_report.Launch(
-        "tiny", _tiny_dot, torch.float16, "(32, 32)", {"BLOCK": 32}, divisible=("n",)
-    )
-    facts = kernel_report.compile_triton(launch, arch)
+    facts = _compile_tiny_dot(arch)
     assert facts["registers"] > 0 and facts["spill_bytes"] == 0 and facts["local"] == 0
     assert facts["threads"] == 128
     assert facts["mma"] > 0  # fp16 tl.dot: HMMA (sm_80) / HGMMA or HMMA (sm_90)

@@ -308,10 +308,11 @@ def _native_nms(boxes, scores, idxs, iou_threshold, backend):
     batched_nms does past 4k boxes on a CPU, so boxes of different classes never interact), or
     None where the custom op (the reference's vectorised PyTorch) must run instead. Kept
     indices in decreasing score order, ties by index (a stable sort of the kept scores)."""
+    if not eager_fast_path(boxes, scores, idxs):  # compiled/traced: the custom op (no import)
+        return None
     op = torchvision_nms()
     if (
         op is None
-        or not eager_fast_path(boxes, scores, idxs)
         or boxes.dtype not in (torch.float32, torch.float64)
         or scores.dtype != boxes.dtype
         or dispatch.pick("nms", boxes, backend=backend) != "native"

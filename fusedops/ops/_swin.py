@@ -39,9 +39,10 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 def native_softmax(scores: torch.Tensor) -> torch.Tensor:
     """``masked_softmax`` with torch's own ops, differentiable by torch's autograd (the native
-    backend): ``torch.softmax`` when no score is -inf (checked on CPU tensors, where reading the
-    answer costs no synchronisation; ``aten._safe_softmax`` costs about three softmaxes forward
-    and backward there), else ``aten._safe_softmax``, which gives fully masked rows zeros."""
-    if scores.device.type == "cpu" and not torch.isneginf(scores).any():
+    backend): ``torch.softmax`` when every score is above -inf (the minimum, one read pass,
+    checked on CPU tensors, where reading the answer costs no synchronisation;
+    ``aten._safe_softmax`` costs about three softmaxes forward and backward there), else (a -inf
+    or a NaN score) ``aten._safe_softmax``, which gives fully masked rows zeros."""
+    if scores.device.type == "cpu" and scores.numel() and bool(scores.min() > -math.inf):
         return torch.softmax(scores, -1)
     return torch.ops.aten._safe_softmax(scores, -1)

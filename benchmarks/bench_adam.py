@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 
 import torch
 from common import (
@@ -30,6 +29,7 @@ from common import (
     append_rows,
     compiled,
     copy_bandwidth_gbps,
+    cpu_median_ms,
     median_ms,
     pick,
     print_rows,
@@ -129,17 +129,6 @@ def clip_sequences(params, device: str):
         )
         sequences[f"fusedops-{backend}-sequence"] = lambda b=backend: fused_sequence(b)
     return sequences
-
-
-def cpu_median_ms(fn, repeats: int = 5) -> float:
-    """Median wall time of ``fn`` in milliseconds on the CPU (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def run_clip(models, dtypes, wanted) -> list[dict]:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import torch
 
@@ -61,16 +59,9 @@ def _timer(device):
 
         return median_ms
 
-    def median_ms(fn, repeats=5):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+    from common import cpu_median_ms
 
-    return median_ms
+    return cpu_median_ms
 
 
 def _forward_backward(forward, leaves, grad):

@@ -146,3 +146,16 @@ def print_rows(rows: list[dict]) -> None:
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
     for c in cells:
         print("  ".join(v.ljust(w) for v, w in zip(c, widths)))
+
+
+def cpu_median_ms(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median wall time of ``fn`` in milliseconds on the CPU (after one warm-up call)."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]

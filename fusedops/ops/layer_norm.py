@@ -33,9 +33,11 @@ Native backend (the automatic pick on CPU and where no GPU-verified kernel runs)
 mode ``torch.layer_norm`` / ``torch.rms_norm`` with torch's own autograd (form (b)); in the
 custom ops the ``native`` namespace (form (a)): ``torch.native_layer_norm`` +
 ``aten.native_layer_norm_backward``, ``aten._fused_rms_norm`` + its backward (CUDA; the
-reference's backward on CPU, where aten has none). Both run on fp32 copies of 16-bit inputs
-(``_up``). Rows of one element and the RMSNorm rounding variants (``out_dtype``,
-``xhat_dtype``) run the reference's formula, the cheapest exact one.
+reference's backward on CPU, where aten has none). The custom ops run on fp32 copies of
+16-bit inputs (``_up``: statistics saved in fp32); eager LayerNorm takes the inputs as they are
+where torch accepts their dtypes (``_torch_takes_as_is``): exactly the op it replaces. Rows of
+one element and the RMSNorm rounding variants (``out_dtype``, ``xhat_dtype``) run the
+reference's formula, the cheapest exact one.
 """
 
 from __future__ import annotations
@@ -132,10 +134,23 @@ reference = SimpleNamespace(
 
 
 def _up(t):
-    """t (or None) in the compute dtype. torch's CPU norm kernels keep 16-bit statistics or
-    accumulations in 16 bits (LayerNorm's dweight off by ~1e-1 on bf16 rows of 1000); on fp32
-    copies they compute the op's fp32 math, at about the same speed."""
+    """t (or None) in the compute dtype. torch's CPU norm kernels keep 16-bit statistics and
+    round per-term products to 16 bits; the custom ops' contract (statistics saved in fp32, the
+    op's fp32 math) takes fp32 copies. The eager path runs torch's op as it is where it can
+    (``_torch_takes_as_is``): the code it replaces, at its speed."""
     return None if t is None else t.to(compute_dtype(t.dtype))
+
+
+def _torch_takes_as_is(x, *params) -> bool:
+    """True where torch's LayerNorm takes x and the parameters as they are (the parameters in
+    x's dtype, or float32 beside 16-bit x). The eager native path then runs exactly the op it
+    replaces, with the rounding of torch's kernel: on CPU, 16-bit statistics and per-term
+    16-bit rounding of dweight/dbias (within a few units of the 16-bit roundoff of
+    ``sum_rows |dy * xhat|``)."""
+    mixed = x.dtype in (torch.float16, torch.bfloat16)
+    return all(
+        p is None or p.dtype == x.dtype or (mixed and p.dtype == torch.float32) for p in params
+    )
 
 
 def _grad_as(grad, like):
@@ -515,6 +530,8 @@ def layer_norm(
     if eager_fast_path(x, weight, bias):
         if dispatch.pick("layer_norm", x, backend=backend) == "native" and n > 1:
             shape = _normalized(x, normalized_shape)
+            if _torch_takes_as_is(x, weight, bias):
+                return torch.layer_norm(x, shape, weight, bias, float(eps))
             y = torch.layer_norm(_up(x), shape, _up(weight), _up(bias), float(eps))
             return y.to(x.dtype)
         cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)

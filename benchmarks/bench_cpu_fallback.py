@@ -47,12 +47,12 @@ def _fwd_bwd(fn: Callable[[], torch.Tensor], grad: torch.Tensor, leaves) -> Call
     return step
 
 
-def _norm_case(name, dtype):
-    x = _leaf(SHAPE, dtype)
-    w = _leaf(SHAPE[-1:], dtype)
-    b = _leaf(SHAPE[-1:], dtype)
-    dy = torch.randn(SHAPE).to(dtype)
-    n = (SHAPE[-1],)
+def _norm_case(name, dtype, shape=SHAPE):
+    x = _leaf(shape, dtype)
+    w = _leaf(shape[-1:], dtype)
+    b = _leaf(shape[-1:], dtype)
+    dy = torch.randn(shape).to(dtype)
+    n = (shape[-1],)
     if name == "layer_norm":
         ours = _fwd_bwd(lambda: fusedops.layer_norm(x, n, w, b), dy, (x, w, b))
         theirs = _fwd_bwd(lambda: F.layer_norm(x, n, w, b), dy, (x, w, b))
@@ -62,29 +62,34 @@ def _norm_case(name, dtype):
     return ours, theirs
 
 
-def _bias_dropout_add_case(dtype):
-    x, r = _leaf(SHAPE, dtype), _leaf(SHAPE, dtype)
-    b = _leaf(SHAPE[-1:], dtype)
-    dy = torch.randn(SHAPE).to(dtype)
+def _bias_dropout_add_case(dtype, shape=SHAPE):
+    x, r = _leaf(shape, dtype), _leaf(shape, dtype)
+    b = _leaf(shape[-1:], dtype)
+    dy = torch.randn(shape).to(dtype)
     ours = _fwd_bwd(lambda: fusedops.bias_dropout_add(x, b, r, P), dy, (x, b, r))
     theirs = _fwd_bwd(lambda: r + F.dropout(x + b, P, True), dy, (x, b, r))
     return ours, theirs
 
 
-def _quick_gelu_case(dtype):
-    x = _leaf((32, 65, 1536), dtype)
+def _quick_gelu_case(dtype, shape=(32, 65, 1536)):
+    x = _leaf(shape, dtype)
     dy = torch.randn(x.shape).to(dtype)
     ours = _fwd_bwd(lambda: fusedops.quick_gelu(x), dy, (x,))
     theirs = _fwd_bwd(lambda: x * torch.sigmoid(1.702 * x), dy, (x,))
     return ours, theirs
 
 
-def _adam_case(dtype):
-    """AdamW on the parameter list of the demo's TinyViT (about 0.8M parameters, 60 tensors)."""
+def _adam_case(dtype, shapes=None):
+    """AdamW on the parameter list of the demo's TinyViT (about 0.8M parameters, 60 tensors),
+    or on tensors of ``shapes``."""
     from fusedops.demo import TinyViT
 
     torch.manual_seed(0)
-    ours_params = [p.detach().to(dtype).requires_grad_() for p in TinyViT().parameters()]
+    if shapes is None:
+        initial = [p.detach() for p in TinyViT().parameters()]
+    else:
+        initial = [torch.randn(shape) for shape in shapes]
+    ours_params = [p.to(dtype).requires_grad_() for p in initial]
     theirs_params = [p.detach().clone().requires_grad_() for p in ours_params]
     for a, b in zip(ours_params, theirs_params):
         a.grad = torch.randn_like(a)
@@ -94,12 +99,17 @@ def _adam_case(dtype):
     return ours.step, theirs.step
 
 
+#: Swin stage -> (feature map side, heads, channels, batch); stage 0: a tiny map, for host
+#: overhead (benchmarks/overhead.py).
+SWIN_STAGES = {0: (14, 1, 32, 1), 1: (56, 3, 96, 8), 3: (14, 12, 384, 8)}
+
+
 def _swin_shapes(stage):
     """Swin-T at 224x224, batch 8: stage 1 (56x56 map, 3 heads, C 96), stage 3 (14x14, 12
     heads, C 384); window 7 (N = 49), head dim 32, shifted blocks (a mask)."""
-    side, heads = {1: (56, 3), 3: (14, 12)}[stage]
+    side, heads, _, batch = SWIN_STAGES[stage]
     windows = (side // 7) ** 2
-    return side, heads, windows, 8 * windows
+    return side, heads, windows, batch * windows
 
 
 def _swin_mask(windows):
@@ -141,7 +151,7 @@ def _swin_softmax_case(stage):
 
 def _window_process_case(stage, direction):
     side, _, windows, z = _swin_shapes(stage)
-    channels = {1: 96, 3: 384}[stage]
+    channels = SWIN_STAGES[stage][2]
     batch = z // windows
     if direction == "partition":
         x = _leaf((batch, side, side, channels), torch.float32)

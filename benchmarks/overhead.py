@@ -1,16 +1,42 @@
-"""Host time per call (microseconds) of tiny LayerNorm / QuickGELU calls, where GPU time is
-negligible: what Python, autograd and the launchers cost per op, forward and backward, with a
-profile of where the time goes. Run on a GPU machine: ``python benchmarks/overhead.py``."""
+"""Host time per call (microseconds) of tiny op calls, where kernel time is negligible: what
+Python, autograd, dispatch and the launchers cost per op, forward and backward.
+
+``python benchmarks/overhead.py`` (a GPU machine): LayerNorm / QuickGELU through every path,
+with a profile of where the time goes.
+
+``python benchmarks/overhead.py --cpu`` (any machine, no GPU needed): every fused op, forward +
+backward on tiny tensors, against the torch code it replaces: the native path (the automatic
+pick on CPU), and the Triton path with its kernel launches stubbed out (``triton``'s
+interpreter ``run`` does nothing), which leaves exactly the host code fusedops adds around a
+kernel: argument checks, dispatch, the autograd.Function, output allocation, launch-argument
+preparation (not Triton's own launcher, which a GPU run measures). The goal (issue 25): each
+within 5 us of the torch code. Writes ``results/cpu-overhead.csv``.
+"""
 
 from __future__ import annotations
 
+import sys
+
+if "--cpu" in sys.argv:  # before triton is imported: its kernels become interpreted functions
+    import os
+
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import argparse
+import contextlib
 import cProfile
+import csv
+import datetime
 import pstats
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from common import require_cuda
+
+RESULTS = Path(__file__).resolve().parent / "results" / "cpu-overhead.csv"
 
 
 def host_us(fn, calls: int = 300) -> float:
@@ -93,9 +119,113 @@ def profile(name: str, fn) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=16))
 
 
+# ------------------------------------------------------------------------------------------
+# CPU: every op, host code only.
+
+
+def tiny_cases() -> dict:
+    """Row name -> a builder of (fusedops fwd+bwd callable, torch fwd+bwd callable), on tiny
+    tensors (bench_cpu_fallback's cases at small shapes)."""
+    import bench_cpu_fallback as cases
+
+    fp32, rows = torch.float32, (8, 64)
+    adam_shapes = [(64, 64), (64,), (64, 64), (64,)]
+    return {
+        f"layer_norm fp32 {rows}": lambda: cases._norm_case("layer_norm", fp32, rows),
+        f"rms_norm fp32 {rows}": lambda: cases._norm_case("rms_norm", fp32, rows),
+        f"quick_gelu fp32 {rows}": lambda: cases._quick_gelu_case(fp32, rows),
+        f"bias_dropout_add fp32 {rows} p=0.1": lambda: cases._bias_dropout_add_case(fp32, rows),
+        "adamw step fp32, 4 tensors": lambda: cases._adam_case(fp32, adam_shapes),
+        "window_attention 14x14, 1 head": lambda: cases._window_attention_case(0),
+        "swin_attention_softmax 14x14, 1 head": lambda: cases._swin_softmax_case(0),
+        "window_partition_roll 14x14, C 32": lambda: cases._window_process_case(0, "partition"),
+        "window_reverse_roll 14x14, C 32": lambda: cases._window_process_case(0, "reverse"),
+    }
+
+
+@contextlib.contextmanager
+def stubbed_triton_launches():
+    """Triton kernels (interpreted functions) launch nothing inside: the outputs stay as
+    allocated, every host step before the launch runs."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    original = InterpretedFunction.run
+    InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: None
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = original
+
+
+def per_call_us(fns: list, calls: int, repeats: int) -> list[float]:
+    """Median microseconds per call of each function, blocks of ``calls`` calls interleaved."""
+    for fn in fns:
+        for _ in range(10):
+            fn()
+    samples = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+    return [statistics.median(times) for times in samples]
+
+
+def cpu_main(calls: int, repeats: int) -> int:
+    """Print and write the CPU table: torch, fusedops native, fusedops Triton host code."""
+    import fusedops
+
+    torch.set_num_threads(1)  # host code is one thread; tiny ops gain nothing from a second
+    rows = []
+    print(
+        f"Host time per fwd+bwd call, CPU, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}; median of {repeats} blocks of {calls} calls"
+    )
+    print(f"{'op':40s} {'torch':>8s} {'native':>8s} {'triton host':>12s} {'+us':>7s}")
+    for name, build in tiny_cases().items():
+        native, theirs = build()
+        with stubbed_triton_launches(), fusedops.use_backend("triton"):
+            triton_host, _ = build()
+            torch_us, native_us, triton_us = per_call_us(
+                [theirs, native, triton_host], calls, repeats
+            )
+        extra = triton_us - torch_us
+        print(f"{name:40s} {torch_us:8.1f} {native_us:8.1f} {triton_us:12.1f} {extra:+7.1f}")
+        rows.append(
+            [name, f"{torch_us:.1f}", f"{native_us:.1f}", f"{triton_us:.1f}", f"{extra:.1f}"]
+        )
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with RESULTS.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            [
+                "date",
+                "op",
+                "torch_us",
+                "native_us",
+                "triton_host_us",
+                "extra_us",
+                "threads",
+                "torch",
+            ]
+        )
+        for row in rows:
+            writer.writerow([stamp, *row, torch.get_num_threads(), torch.__version__])
+    print(f"wrote {RESULTS}")
+    return 0
+
+
 def main() -> None:
     from fusedops.kernels.cuda import build
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="every op's host code, no GPU")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    if args.cpu:
+        sys.exit(cpu_main(args.calls, args.repeats))
     require_cuda("overhead")
     build.ensure_built()
     for dtype in (torch.bfloat16, torch.float32):

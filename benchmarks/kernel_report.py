@@ -410,9 +410,9 @@ def layer_norm_launches(dtype: torch.dtype) -> list[Launch]:
 
 def elementwise_launches(dtype: torch.dtype) -> list[Launch]:
     """QuickGELU at 2^24 elements and bias_dropout_add at (32*65, 384) and (16384, 4096)."""
+    from fusedops.kernels.shared import philox
     from fusedops.kernels.triton import bias_dropout_add as bda
     from fusedops.kernels.triton import quick_gelu
-    from fusedops.ops import philox
 
     es, n = _size(dtype), 2**24
     rows = [

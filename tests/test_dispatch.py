@@ -154,8 +154,9 @@ def test_kernel_sources_cover_imports_and_cuda_shared_files():
         str(p.relative_to(verified.PACKAGE_ROOT)) for p in verified.source_files(backend, module)
     }
     triton_nms = names("triton", "fusedops.kernels.triton.nms")
-    assert {"kernels/triton/nms.py", "ops/nms.py"} <= triton_nms
+    assert {"kernels/triton/nms.py", "kernels/shared/nms_plan.py"} <= triton_nms
     assert "_alloc.py" not in triton_nms and "dispatch.py" not in triton_nms
+    assert not any(name.startswith("ops/") for name in triton_nms)
     cuda = names("cuda", "fusedops.kernels.cuda.quick_gelu")
     assert {"kernels/cuda/quick_gelu.cu", "kernels/cuda/bindings.cpp"} <= cuda
     assert not any(name.endswith("_bindings.cpp") for name in cuda)

@@ -243,7 +243,7 @@ def test_backward_chunks_ask_the_device_once(monkeypatch):
     from types import SimpleNamespace
 
     from fusedops.kernels import device
-    from fusedops.ops.swin_softmax import backward_chunks
+    from fusedops.kernels.shared.swin_chunks import backward_chunks
 
     asked = []
 

@@ -10,8 +10,8 @@ files makes it unverified again until a GPU run passes it.
 The sources of a kernel backend are:
 
 - its Python module (``fusedops/kernels/<backend>/<op>.py``) and, transitively, every module
-  under ``fusedops/kernels/`` that it imports; ``fusedops.ops`` modules it imports directly
-  (shared geometry, Philox) count too, without their own imports; host plumbing
+  under ``fusedops/kernels/`` that it imports (the helpers shared with the references, Philox,
+  window geometry, NMS plans, live in ``kernels/shared/``); host plumbing
   (``fusedops/_alloc.py``, ``fusedops/dispatch.py``) does not, since the CPU suite tests it;
 - for CUDA, also the ``.cu`` file named like the module, its own ``<op>_bindings.cpp`` where
   it has one, and the extension's shared files (``bindings.cpp``, ``bindings.h``,

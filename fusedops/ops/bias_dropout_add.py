@@ -21,7 +21,7 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
 - Element ``i`` (row-major index in x) takes word ``i % 4`` of Philox counter
   ``offset + i // 4`` (one Philox call per four elements; OPS.md's "counter offset + i"
   refined so the kernels stay memory-bound) and is kept iff that word is
-  ``>= floor(p * 2^32)``. The reference (``ops/philox.py``, int64 arithmetic), Triton
+  ``>= floor(p * 2^32)``. The reference (``kernels/shared/philox.py``, int64 arithmetic), Triton
   (``tl.randint4x``), CUDA and XLA compute the same words, so every backend keeps the same
   elements for the same seed: a GPU run's mask can be reproduced on a CPU.
 - Kept elements are scaled by ``1 / (1 - p)``; dropped ones are 0 even where x is inf/NaN
@@ -61,7 +61,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.kernels.device import same_device
-from fusedops.ops import philox
+from fusedops.kernels.shared import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype

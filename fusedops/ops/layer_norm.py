@@ -463,12 +463,8 @@ def _cuda_extension(name, x, weight, bias, n, backend):
         return None
     if dispatch.select_name(name, x, backend=backend) != "cuda":
         return None
-    from fusedops.kernels.cuda import layer_norm as cuda
-
-    if not cuda.takes_params(x, weight, bias):
-        return None
-    dispatch.last_used[name] = "cuda"
-    return cuda
+    impl = dispatch.select(name, x, backend=backend)  # the cuda implementation, as picked
+    return impl if impl.takes_params(x, weight, bias) else None
 
 
 def _normalized(x, normalized_shape) -> tuple[int, ...]:

@@ -46,7 +46,8 @@ import numbers
 
 import torch
 
-from fusedops import _alloc, dispatch
+from fusedops import dispatch
+from fusedops.kernels.shared import nms_plan
 from fusedops.ops import nms_reference
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
@@ -54,9 +55,9 @@ from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
 SOFT_NMS_METHODS = {
-    "naive": nms_reference.NAIVE,
-    "linear": nms_reference.LINEAR,
-    "gaussian": nms_reference.GAUSSIAN,
+    "naive": nms_plan.NAIVE,
+    "linear": nms_plan.LINEAR,
+    "gaussian": nms_plan.GAUSSIAN,
 }
 INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 NAN_MESSAGE = "scores contains NaN; NMS needs an order of the scores (remove or replace NaNs)"
@@ -72,36 +73,6 @@ for _name in ("nms", "soft_nms"):
 
 # ------------------------------------------------------------------------------------------
 # Static pipelines shared by every backend (sort, group by class, map positions to indices).
-
-
-def block_column_end(classes_p: torch.Tensor, n: int) -> torch.Tensor:
-    """For the kernels' 64-box blocks of boxes grouped by class: (blocks,) int64, for each row
-    block the first column block whose boxes all belong to later classes (the mask words a
-    block's boxes need end there)."""
-    blocks = -(-n // 64)
-    first_class = classes_p[::64].contiguous()
-    last = torch.clamp(torch.arange(1, blocks + 1, device=classes_p.device) * 64, max=n) - 1
-    return torch.searchsorted(first_class, classes_p[last], right=True)
-
-
-def nms_walk_buffers(n: int, device) -> tuple[torch.Tensor, ...]:
-    """What an nms kernel pair fills: the bitmask (n * ceil(n / 64) 64-bit words, only the
-    words the walk reads are written), positions (n,) int64 and count () int64."""
-    return (
-        _alloc.empty((n * -(-n // 64),), dtype=torch.int64, device=device),
-        _alloc.empty((n,), dtype=torch.int64, device=device),
-        _alloc.empty((), dtype=torch.int64, device=device),
-    )
-
-
-def soft_nms_outputs(n: int, n_segments: int, device) -> tuple[torch.Tensor, ...]:
-    """The outputs a soft-NMS kernel fills: positions (n,) int64, picked scores (n,) fp32 and
-    counts (segments,) int64 (poisoned under test)."""
-    return (
-        _alloc.empty((n,), dtype=torch.int64, device=device),
-        _alloc.empty((n,), dtype=torch.float32, device=device),
-        _alloc.empty((n_segments,), dtype=torch.int64, device=device),
-    )
 
 
 def _with_sentinel(t: torch.Tensor, value: int) -> torch.Tensor:

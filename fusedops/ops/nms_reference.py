@@ -30,10 +30,10 @@ import functools
 
 import torch
 
+from fusedops.kernels.shared.nms_plan import GAUSSIAN, NAIVE
 from fusedops.ops._dtypes import compute_dtype
 
 #: soft-NMS methods, coded as mmcv codes them.
-NAIVE, LINEAR, GAUSSIAN = 0, 1, 2
 
 #: Boxes resolved together by the greedy NMS (one pairwise IoU matrix of CHUNK^2 at a time).
 CHUNK = 128

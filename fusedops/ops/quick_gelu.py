@@ -17,11 +17,12 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.shared.constants import QUICK_GELU_ALPHA
 from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._eager import eager_fast_path
 
-ALPHA = 1.702
+ALPHA = QUICK_GELU_ALPHA
 
 
 def _reference_forward(x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,6 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
-from fusedops.kernels.device import groups_to_fill, programs_to_fill
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
@@ -72,18 +71,6 @@ dispatch.register_op(
     cuda_module="fusedops.kernels.cuda.swin_softmax",
     check=_kernel_limits,
 )
-
-
-def backward_chunks(windows: int, row_groups: int, device: torch.device) -> int:
-    """How many chunks (1..min(windows, 65535)) of windows the bias-gradient reduction splits
-    the batch into (windows >= 1): enough programs (row_groups x chunks) to fill the device; a
-    function of the shapes and the device only, so the fp32 partial sums and their fixed-order
-    reduction are the same on every run."""
-    # Triton's interpreter: a few chunks, so the reduction path is exercised
-    target = programs_to_fill(device, 4, elsewhere=4)
-    chunks = groups_to_fill(windows, row_groups, target)
-    per_chunk = -(-windows // chunks)
-    return -(-windows // per_chunk)  # no empty chunk
 
 
 # ------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.shared.window_geometry import partition_shape, reverse_shape
 from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._eager import eager_fast_path
@@ -121,17 +122,6 @@ def _reverse_backward(
     backend: str | None,
 ) -> torch.Tensor:
     return _partition(grad.contiguous(), window_h, window_w, -shift_h, -shift_w, backend)
-
-
-def partition_shape(x: torch.Tensor, wh: int, ww: int) -> tuple[int, int, int, int]:
-    """The windows' shape (B*nW, wh, ww, C) for a (B, H, W, C) map x."""
-    batch, height, width, channels = x.shape
-    return (batch * (height // wh) * (width // ww), wh, ww, channels)
-
-
-def reverse_shape(windows: torch.Tensor, wh: int, ww: int, height: int, width: int):
-    """The map's shape (B, H, W, C) for (B*nW, wh, ww, C) windows."""
-    return (windows.shape[0] // ((height // wh) * (width // ww)), height, width, windows.shape[-1])
 
 
 def _partition_fake(x, window_h, window_w, shift_h, shift_w, backend):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fusedops.xla.lower import _HIGHEST, upcast
+from fusedops.xla.lower_table import _HIGHEST, upcast
 
 
 def _out_sizes(sizes, padding, dilation, kernel, stride) -> list[int]:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import torch
 
-from fusedops.xla.lower import _HIGHEST, register
+from fusedops.xla.lower_table import _HIGHEST, register
 
 aten = torch.ops.aten
 

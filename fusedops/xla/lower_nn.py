@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from fusedops.xla import lower_depthwise
-from fusedops.xla.lower import (
+from fusedops.xla.lower_table import (
     _HIGHEST,
     _dims,
     jax_dtype,

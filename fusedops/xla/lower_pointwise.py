@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.xla.lower import (
+from fusedops.xla.lower_table import (
     _is_float,
     register,
 )

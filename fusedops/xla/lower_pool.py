@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from fusedops.xla.lower import register
+from fusedops.xla.lower_table import register
 
 aten = torch.ops.aten
 

@@ -10,10 +10,11 @@ import numpy as np
 import torch
 from jax import lax
 
-from fusedops.xla.lower import (
+from fusedops.xla.lower_table import (
     _HIGHEST,
     _axis,
     _dims,
+    jax_dtype,
     register,
 )
 
@@ -167,8 +168,6 @@ def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A00
     """torch.linalg.vector_norm: inf / -inf the largest / smallest |x|, 0 the count of nonzero
     elements, else ``sum(|x|^ord)^(1/ord)``."""
     if dtype is not None:
-        from fusedops.xla.lower import jax_dtype
-
         x = x.astype(jax_dtype(dtype))
     axis = _dims(dim, x.ndim)
     size = jnp.abs(x)

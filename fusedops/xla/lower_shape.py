@@ -11,7 +11,7 @@ import torch
 from jax import lax
 
 from fusedops.xla.errors import XLATraceError
-from fusedops.xla.lower import (
+from fusedops.xla.lower_table import (
     _axis,
     _dims,
     _is_float,

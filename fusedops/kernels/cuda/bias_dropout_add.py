@@ -10,7 +10,7 @@ import torch
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
 from fusedops.kernels.device import multiprocessors
-from fusedops.ops import philox
+from fusedops.kernels.shared import philox
 
 #: Row groups of the grad_bias reduction: enough blocks to fill the GPU, at most this many
 #: partial rows (each column adds them in order at the end).

@@ -9,7 +9,7 @@ import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
-from fusedops.ops.nms import block_column_end, nms_walk_buffers, soft_nms_outputs
+from fusedops.kernels.shared.nms_plan import block_column_end, nms_walk_buffers, soft_nms_outputs
 
 
 def nms_walk(boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshold, offset):

@@ -6,7 +6,7 @@ import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
-from fusedops.ops.swin_softmax import backward_chunks
+from fusedops.kernels.shared.swin_chunks import backward_chunks
 
 ROWS_PER_BLOCK = 16  # about the rows one block of the backward kernel takes (its chunk estimate)
 

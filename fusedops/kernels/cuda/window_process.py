@@ -6,7 +6,7 @@ import torch
 
 from fusedops import _alloc
 from fusedops.kernels.cuda.build import library
-from fusedops.ops.window_process import partition_shape, reverse_shape
+from fusedops.kernels.shared.window_geometry import partition_shape, reverse_shape
 
 
 def partition(x: torch.Tensor, wh: int, ww: int, sh: int, sw: int) -> torch.Tensor:

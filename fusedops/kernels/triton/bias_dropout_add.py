@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
+from fusedops.kernels.shared import philox
 from fusedops.kernels.triton.layer_norm import _column_sum, _max_programs
-from fusedops.ops import philox
 
 #: Elements per tile (BLOCK_M * BLOCK_N4 * 4) and the widest tile row (columns) of rows with a
 #: bias (a single row, without a bias, takes a whole tile).

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
-from fusedops.ops.nms import block_column_end, nms_walk_buffers, soft_nms_outputs
+from fusedops.kernels.shared.nms_plan import block_column_end, nms_walk_buffers, soft_nms_outputs
 
 #: Boxes per bitmask word (and per row/column block of the mask).
 WORD = 64

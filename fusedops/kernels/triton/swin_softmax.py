@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
-from fusedops.ops.swin_softmax import backward_chunks
+from fusedops.kernels.shared.swin_chunks import backward_chunks
 
 TILE = 2048  # scores per program
 

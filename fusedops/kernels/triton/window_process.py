@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
-from fusedops.ops.window_process import partition_shape, reverse_shape
+from fusedops.kernels.shared.window_geometry import partition_shape, reverse_shape
 
 TILE = 4096  # elements per program
 

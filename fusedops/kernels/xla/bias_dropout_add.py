@@ -1,7 +1,7 @@
-"""Bias-dropout-add in XLA: the same Philox words as every other backend (``ops/philox.py`` in
-jax int64 arithmetic), so a seed gives the same mask in an XLA program as in eager torch with
-``portable_mask=True`` (the op's ``portable`` argument is not read here: XLA has only the
-Philox mask).
+"""Bias-dropout-add in XLA: the same Philox words as every other backend
+(``kernels/shared/philox.py`` in jax int64 arithmetic), so a seed gives the same mask in an XLA
+program as in eager torch with ``portable_mask=True`` (the op's ``portable`` argument is not
+read here: XLA has only the Philox mask).
 
 The seed is the op's ``int64[2]`` input (x64 is on inside fusedops' XLA programs); in a traced
 region it comes from ``torch.randint``, lowered with the region's random key.
@@ -14,8 +14,8 @@ import math
 import jax.numpy as jnp
 import torch
 
-from fusedops.ops import philox
-from fusedops.xla.lower import compute_dtype, jax_dtype, register
+from fusedops.kernels.shared import philox
+from fusedops.xla.lower_table import compute_dtype, jax_dtype, register
 
 fusedops = torch.ops.fusedops
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.xla.lower import register, upcast
+from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.xla.lower import compute_dtype, jax_dtype, register
+from fusedops.xla.lower_table import compute_dtype, jax_dtype, register
 
 fusedops = torch.ops.fusedops
 

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.ops.nms_reference import GAUSSIAN, NAIVE
-from fusedops.xla.lower import compute_dtype, register
+from fusedops.kernels.shared.nms_plan import GAUSSIAN, NAIVE
+from fusedops.xla.lower_table import compute_dtype, register
 
 fusedops = torch.ops.fusedops
 

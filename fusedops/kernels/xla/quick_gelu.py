@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import torch
 
-from fusedops.ops.quick_gelu import ALPHA
-from fusedops.xla.lower import register, upcast
+from fusedops.kernels.shared.constants import QUICK_GELU_ALPHA as ALPHA
+from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops
 

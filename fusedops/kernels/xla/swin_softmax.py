@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import torch
 
 from fusedops.kernels.xla._swin import add_window_mask, masked_softmax
-from fusedops.xla.lower import register, upcast
+from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops
 

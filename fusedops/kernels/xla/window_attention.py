@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from fusedops.kernels.xla._swin import add_window_mask, shifted_exp
-from fusedops.xla.lower import register, upcast
+from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from fusedops.xla.lower import register
+from fusedops.xla.lower_table import register
 
 fusedops = torch.ops.fusedops
 

@@ -129,3 +129,12 @@ def test_misaligned_storage_offset(backend, dtype):
     y_ref, dx_ref = _expected(x.detach().double(), grad.double())
     assert_close(y, y_ref)
     assert_close(x.grad, dx_ref)
+
+
+def test_triton_kernel_alpha_is_the_shared_constant():
+    """The Triton module keeps its own literal (its sources are hashed for verified dispatch)."""
+    pytest.importorskip("triton")
+    from fusedops.kernels.shared.constants import QUICK_GELU_ALPHA
+    from fusedops.kernels.triton import quick_gelu as kernels
+
+    assert kernels.ALPHA == QUICK_GELU_ALPHA == fusedops.ops.quick_gelu.ALPHA

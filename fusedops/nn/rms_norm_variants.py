@@ -1,8 +1,8 @@
 """Fused forwards for the RMSNorm classes of model libraries, one per variant of their math.
 
 transformers copies one RMSNorm into many model files (``LlamaRMSNorm``, ``Qwen2RMSNorm``,
-``T5LayerNorm``, ...). Their forwards fall into a few variants (OPS.md, "RMSNorm family in
-third-party models"); each variant below reproduces its classes' output dtype and rounding
+``T5LayerNorm``, ...). Their forwards fall into a few variants (docs/ops.md, "RMSNorm classes
+of model libraries"); each variant below reproduces its classes' output dtype and rounding
 points through ``fusedops.rms_norm`` (statistics and the weight multiply in fp32):
 
 - ``llama``: ``weight * (x.float() * rstd).to(x.dtype)``: xhat rounded to x's dtype, then the

@@ -1,4 +1,4 @@
-"""The op contract's wiring, written once (DESIGN.md, "The op contract", points 2 and 5).
+"""The op contract's wiring, written once (docs/contract.md, "What an op module declares").
 
 ``define_op`` takes an op's bodies (plain functions with annotated signatures) and does what
 every op needs around them:
@@ -18,10 +18,10 @@ The autograd rule is written once, as two functions shared by both paths::
 ``backward`` is the backward op on the custom-op path and its body on the eager path, so the
 rule never branches on which path it runs in.
 
-The XLA lowering of each op (DESIGN.md, op contract 5) lives in ``kernels/xla/<op>.py`` under
-the op's own name, beside its Triton and CUDA kernels; ``fusedops.xla.lower`` registers every
-module listed in ``ops.OP_MODULES``, and ``tests/xla/test_fusedops_lowerings.py`` checks that
-every ``fusedops::`` op has one.
+The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") lives in
+``kernels/xla/<op>.py`` under the op's own name, beside its Triton and CUDA kernels;
+``fusedops.xla.lower`` registers every module listed in ``ops.OP_MODULES``, and
+``tests/xla/test_fusedops_lowerings.py`` checks that every ``fusedops::`` op has one.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ has x's shape and residual's dtype: when x's dtype differs from residual's, x an
 converted to residual's dtype as Megatron does (an fp32 residual stream with bf16 x). Math
 in fp32 (fp64 when any input is fp64), rounded once to the output dtype.
 
-Design (the lead should know these; OPS.md "Bias-dropout-add"):
+Design (docs/ops.md, "Bias-dropout-add"):
 
 - The mask is Philox4x32-10 keyed by a ``seed`` tensor ``int64[2] = [key, offset]`` drawn with
   ``torch.randint`` from torch's generator (the default generator of x's device, or
@@ -19,11 +19,11 @@ Design (the lead should know these; OPS.md "Bias-dropout-add"):
   ``aten.randint`` (fusedops/xla's key). Both values are drawn in [0, 2^62), so
   ``offset + i / 4`` never overflows int64.
 - Element ``i`` (row-major index in x) takes word ``i % 4`` of Philox counter
-  ``offset + i // 4`` (one Philox call per four elements; OPS.md's "counter offset + i"
-  refined so the kernels stay memory-bound) and is kept iff that word is
-  ``>= floor(p * 2^32)``. The reference (``kernels/shared/philox.py``, int64 arithmetic), Triton
-  (``tl.randint4x``), CUDA and XLA compute the same words, so every backend keeps the same
-  elements for the same seed: a GPU run's mask can be reproduced on a CPU.
+  ``offset + i // 4`` (one Philox call per four elements, so the kernels stay memory-bound)
+  and is kept iff that word is ``>= floor(p * 2^32)``. The reference
+  (``kernels/shared/philox.py``, int64 arithmetic), Triton (``tl.randint4x``), CUDA and XLA
+  compute the same words, so every backend keeps the same elements for the same seed: a GPU
+  run's mask can be reproduced on a CPU.
 - Kept elements are scaled by ``1 / (1 - p)``; dropped ones are 0 even where x is inf/NaN
   (a select, not a multiply by the mask). p = 0 (or ``training=False``) draws nothing and
   returns x + bias + residual; p = 1 draws nothing and returns residual (grad_x is 0).

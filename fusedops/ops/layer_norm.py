@@ -127,10 +127,10 @@ reference = SimpleNamespace(
 
 # ------------------------------------------------------------------------------------------
 # Native implementation (PyTorch's own kernels): the automatic pick where no verified kernel
-# runs. Form (b) of the native contract in eager mode (``layer_norm``/``rms_norm`` below call
-# ``torch.layer_norm``/``torch.rms_norm`` with torch's C++ autograd); this namespace serves the
-# custom ops (torch.compile, export, tracing). Only aten/torch-namespace functions: the hooks
-# patch torch.nn classes, never these.
+# runs. Form (b) of the native contract (docs/contract.md) in eager mode (``layer_norm`` /
+# ``rms_norm`` below call ``torch.layer_norm``/``torch.rms_norm`` with torch's C++ autograd);
+# this namespace, form (a), serves the custom ops (torch.compile, export, tracing). Only
+# aten/torch-namespace functions: the hooks patch torch.nn classes, never these.
 
 
 def _up(t):

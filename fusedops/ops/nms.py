@@ -34,9 +34,11 @@ triton, cuda) provide the two cores ``nms_walk`` and ``soft_nms_segments``
 64-bit words (one program per 64x64 tile) and one program walks it on the device; soft-NMS runs
 one block/program per class, argmax and decay on the device every step.
 
-Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): the reference's
-vectorised PyTorch cores (form (a) with no namespace of its own: torchvision's C++ nms is not
-called yet, so the result never depends on whether torchvision is installed).
+Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): inside the
+custom ops the reference's vectorised PyTorch cores (form (a) with no namespace of its own,
+docs/contract.md); in plain eager mode ``nms``/``batched_nms`` call torchvision's compiled
+``torch.ops.torchvision.nms`` where torchvision loads (``_native_nms``, form (b)), else the
+custom op.
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ from fusedops.xla.lower_table import (  # noqa: F401  (re-exported)
 
 
 def _load_fusedops_lowerings() -> None:
-    """Register the lowering of every fusedops op (``kernels/xla/<op>.py``, DESIGN.md op
-    contract 5); importing an op's module first defines its ``torch.ops.fusedops`` ops."""
+    """Register the lowering of every fusedops op (``kernels/xla/<op>.py``, docs/contract.md,
+    "The XLA lowering contract"); importing an op's module first defines its
+    ``torch.ops.fusedops`` ops."""
     import importlib
     import importlib.util
 

@@ -138,5 +138,8 @@ def test_fusedops_hooks_env_enables_the_dcn_hook(tmp_path):
         "-c", textwrap.dedent(code), cwd=root, path=(root,), env={"FUSEDOPS_HOOKS": "dcn"}
     )
     assert done.returncode == 0, done.stderr
-    want = "['dcn'] fusedops.ops.deform_conv2d fusedops.ops.deform_conv2d fusedops.hooks.lib_mmcv"
+    want = (
+        "['dcn'] fusedops.ops.deform_conv2d fusedops.ops.deform_conv2d "
+        "fusedops.integrations.mmcv.hooks"
+    )
     assert want in done.stdout, done.stdout

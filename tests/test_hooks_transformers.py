@@ -15,7 +15,7 @@ from torch import nn
 
 import fusedops
 from fusedops import hooks
-from fusedops.hooks import lib_transformers
+from fusedops.integrations.transformers import rms_norm_classes
 from fusedops.testing import assert_close, random_tensor, run_python
 
 transformers = pytest.importorskip("transformers")
@@ -124,8 +124,8 @@ def test_listed_rms_norms_of_another_code_or_class_are_left_unpatched(monkeypatc
     with pytest.warns(UserWarning, match="LlamaRMSNorm left unfused: its forward"):
         assert hooks.replace_modules(model, ["rms_norm"]) and type(model[0]) is LlamaRMSNorm
     # the check reads code, not text: a docstring does not count, another variant does
-    assert lib_transformers.rms_norm_code_mismatch(llama, "llama") is None
-    assert lib_transformers.rms_norm_code_mismatch(llama, "fp32_weight") is not None
+    assert rms_norm_classes.rms_norm_code_mismatch(llama, "llama") is None
+    assert rms_norm_classes.rms_norm_code_mismatch(llama, "fp32_weight") is not None
 
     class Documented(llama):
         def forward(self, hidden_states):
@@ -136,7 +136,7 @@ def test_listed_rms_norms_of_another_code_or_class_are_left_unpatched(monkeypatc
             hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
             return self.weight * hidden_states.to(input_dtype)
 
-    assert lib_transformers.rms_norm_code_mismatch(Documented, "llama") is None
+    assert rms_norm_classes.rms_norm_code_mismatch(Documented, "llama") is None
 
 
 def _tiny_clip_vision():
@@ -324,7 +324,8 @@ def test_hooks_enabled_before_import_fuse_clip_t5_llama_and_disable_restores(tmp
 
 
 ALL_MODELS_STEP = """
-import fusedops.nn.layer_norm, fusedops.nn.quick_gelu, fusedops.nn.rms_norm_variants
+import fusedops.nn.layer_norm, fusedops.nn.quick_gelu
+import fusedops.integrations.transformers.rms_norm_variants as rms_norm_variants
 import transformers as T
 
 g = torch.Generator().manual_seed(5)
@@ -364,7 +365,7 @@ def counting(module, name):
     setattr(module, name, wrapper)
 counting(fusedops.nn.layer_norm, "layer_norm")
 counting(fusedops.nn.layer_norm, "rms_norm")
-counting(fusedops.nn.rms_norm_variants, "rms_norm")
+counting(rms_norm_variants, "rms_norm")
 counting(fusedops.nn.quick_gelu, "quick_gelu")
 
 def count_module_call(*_):

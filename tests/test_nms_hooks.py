@@ -16,7 +16,7 @@ import torch
 
 import fusedops
 from fusedops import hooks
-from fusedops.hooks import lib_mmcv
+from fusedops.integrations.mmcv import hooks as lib_mmcv
 from fusedops.testing import run_python, write_tree
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -190,7 +190,7 @@ from fusedops import hooks
 hooks.enable_fused_nms()
 assert "torch" not in sys.modules
 import detector, fusedops, torch
-import fusedops.hooks.lib_mmcv as lib_mmcv
+import fusedops.integrations.mmcv.hooks as lib_mmcv
 print("tv", detector.batched_nms is fusedops.batched_nms, detector.box_ops.nms is fusedops.nms)
 print("mm", detector.mmcv_soft_nms is lib_mmcv.soft_nms,
       sys.modules["mmcv.ops.nms"].nms is lib_mmcv.nms, detector.mmcv_batched_nms.__module__)
@@ -205,7 +205,7 @@ def test_detection_code_gets_fusedops_nms_when_enabled_before_import(tmp_path):
     out = _python(_ENABLE_THEN_IMPORT + _COMPARE + restored, _stand_ins(tmp_path))
     lines = out.splitlines()
     assert "tv True True" in lines
-    assert "mm True True fusedops.hooks.lib_mmcv" in lines
+    assert "mm True True fusedops.integrations.mmcv.hooks" in lines
     assert "ran on {'nms': 'native', 'soft_nms': 'native'}" in lines
     for name in ("tv batched", "tv nms", "mm nms", "mm soft", "mm agnostic", "mm offset"):
         assert f"{name} True" in lines, out
@@ -221,7 +221,7 @@ def test_fusedops_hooks_env_enables_the_nms_hook(tmp_path):
               torchvision.ops.boxes.nms.__module__, mmcv.ops.batched_nms.__module__)
     """
     out = _python(code, _stand_ins(tmp_path), FUSEDOPS_HOOKS="nms")
-    assert "['nms'] fusedops.ops.nms fusedops.ops.nms fusedops.hooks.lib_mmcv" in out
+    assert "['nms'] fusedops.ops.nms fusedops.ops.nms fusedops.integrations.mmcv.hooks" in out
 
 
 def test_enable_warns_when_neither_library_is_installed(monkeypatch):

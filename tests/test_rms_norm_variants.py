@@ -1,5 +1,5 @@
-"""The RMSNorm variants of model libraries (fusedops/nn/rms_norm_variants.py) against the real
-transformers classes, every backend available here, forward and backward.
+"""The RMSNorm variants of model libraries (fusedops/integrations/transformers/rms_norm_variants.py)
+against the real transformers classes, every backend available here, forward and backward.
 
 Each fused class must return the original class's dtype with its rounding points (xhat rounded
 to x's dtype before the weight multiply in LlamaRMSNorm, to the weight's dtype in T5LayerNorm),
@@ -15,7 +15,7 @@ import torch
 
 import fusedops
 from fusedops.dispatch import triton_interpreter
-from fusedops.nn import rms_norm_variants
+from fusedops.integrations.transformers import rms_norm_variants
 from fusedops.testing import (
     TOLERANCES,
     assert_close,

@@ -502,7 +502,8 @@ def test_timm_replace_modules_on_a_built_block(timm_swin):
 
 
 def test_timm_shape_without_attn_method_is_refused():
-    from fusedops.nn import swin, swin_timm
+    from fusedops.integrations.timm import swin as swin_timm
+    from fusedops.nn import swin
 
     class SwinTransformerBlock(torch.nn.Module):  # timm < 0.9: everything inline in forward
         def forward(self, x):
@@ -644,7 +645,8 @@ def _transformers4_swin_classes(mask_takes_device=True):
     ids=["fused", "head_mask", "get_attn_mask-without-device"],
 )
 def test_transformers_4x_code_shape(use_head_mask, mask_takes_device):
-    from fusedops.nn import swin, swin_transformers
+    from fusedops.integrations.transformers import swin as swin_transformers
+    from fusedops.nn import swin
 
     layer_class, attention_class = _transformers4_swin_classes(mask_takes_device)
     torch.manual_seed(0)
@@ -673,7 +675,7 @@ def test_transformers_4x_code_shape(use_head_mask, mask_takes_device):
 
 
 def test_a_layer_whose_get_attn_mask_takes_other_arguments_is_refused():
-    from fusedops.nn import swin_transformers
+    from fusedops.integrations.transformers import swin as swin_transformers
 
     class SwinLayer(modeling_swin.SwinLayer):
         def get_attn_mask(self, shape, dtype, device):  # a signature fusedops does not know

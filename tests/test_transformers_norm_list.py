@@ -1,6 +1,7 @@
-"""transformers' RMSNorm family in the list of fusedops/hooks/lib_transformers.py, read from the
-installed sources: every listed class has the forward of its variant, every RMSNorm-like class is
-listed or excluded. Reads the modeling files as text (no import of all of transformers)."""
+"""transformers' RMSNorm family in the list of fusedops/integrations/transformers (its
+rms_norm_classes.json), read from the installed sources: every listed class has the forward of
+its variant, every RMSNorm-like class is listed or excluded. Reads the modeling files as text
+(no import of all of transformers)."""
 
 import ast
 import importlib
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fusedops.hooks import lib_transformers
+from fusedops.integrations.transformers import hooks as transformers_hooks
+from fusedops.integrations.transformers import rms_norm_classes as lib_transformers
 
 _spec = importlib.util.find_spec("transformers")
 if _spec is None:
@@ -74,7 +76,7 @@ FOUND = _rms_norm_like_classes()
 
 def test_forwards_are_known_variants():
     assert {variant for variant, _ in FORWARDS} == set(
-        importlib.import_module("fusedops.nn.rms_norm_variants").FORWARDS
+        importlib.import_module("fusedops.integrations.transformers.rms_norm_variants").FORWARDS
     )
 
 
@@ -112,7 +114,7 @@ def test_model_files_importing_quick_gelu_by_name_are_patched_there():
         source = path.read_text()
         if re.search(r"from \.\.\.activations import[^\n]*\bQuickGELUActivation\b", source):
             importers.add(f"transformers.models.{path.parent.name}.{path.stem}")
-    assert importers == set(lib_transformers._QUICK_GELU_IMPORTERS)
+    assert importers == set(transformers_hooks._QUICK_GELU_IMPORTERS)
 
 
 def test_only_the_quick_gelu_key_holds_quick_gelu_in_the_tables():

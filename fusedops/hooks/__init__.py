@@ -17,39 +17,17 @@ that is already built (``verbose=True`` prints how many modules of each class it
 ``report()`` (or ``state()``) says what each hook patched and what waits for an import;
 ``unfused(model)`` lists the modules of a model that a hook covers but that are not fused.
 
-Layout: ``machinery`` (the registry, patching, the import finder), and one module per library
-patched (``lib_torch``, ``lib_transformers``, ``lib_open_clip``, ``lib_timm``,
-``lib_torchvision``, ``lib_mmcv``). Importing this package never imports torch or those
+Layout: ``machinery`` (patching, the import finder), ``registry`` (every hook by name, its
+``enable_*`` / ``disable_*``, the targets in torch and in user classes); each model library's
+targets are in ``fusedops/integrations/<library>/hooks.py`` (transformers, timm, torchvision,
+mmcv, open_clip), imported here. Importing this package never imports torch or those
 libraries.
 """
 
 from __future__ import annotations
 
-from fusedops.hooks import (  # noqa: F401  (their contributions)
-    lib_mmcv,
-    lib_open_clip,
-    lib_timm,
-    lib_transformers,
-)
-from fusedops.hooks.lib_torch import (
-    disable_fused_adam,
-    disable_fused_adamw,
-    disable_fused_layer_norm,
-    disable_fused_rms_norm,
-    disable_quick_gelu,
-    enable_fused_adam,
-    enable_fused_adamw,
-    enable_fused_layer_norm,
-    enable_fused_rms_norm,
-    enable_quick_gelu,
-)
-from fusedops.hooks.lib_torchvision import (
-    disable_fused_dcn,
-    disable_fused_nms,
-    enable_fused_dcn,
-    enable_fused_nms,
-)
-from fusedops.hooks.lib_transformers import disable_fused_swin, enable_fused_swin
+import importlib
+
 from fusedops.hooks.machinery import (
     ClassPatches,
     Hook,
@@ -68,6 +46,30 @@ from fusedops.hooks.machinery import (
     state,
     unfused,
 )
+from fusedops.hooks.registry import (
+    disable_fused_adam,
+    disable_fused_adamw,
+    disable_fused_dcn,
+    disable_fused_layer_norm,
+    disable_fused_nms,
+    disable_fused_rms_norm,
+    disable_fused_swin,
+    disable_quick_gelu,
+    enable_fused_adam,
+    enable_fused_adamw,
+    enable_fused_dcn,
+    enable_fused_layer_norm,
+    enable_fused_nms,
+    enable_fused_rms_norm,
+    enable_fused_swin,
+    enable_quick_gelu,
+)
+
+#: The libraries whose ``fusedops.integrations.<library>.hooks`` add their targets to the
+#: hooks, in the order their targets are patched.
+LIBRARIES = ("torchvision", "mmcv", "open_clip", "transformers", "timm")
+for _library in LIBRARIES:
+    importlib.import_module(f"fusedops.integrations.{_library}.hooks")
 
 __all__ = [
     "ClassPatches",

@@ -8,11 +8,11 @@ applies the patch the moment that module finishes importing, so ``from torch.nn 
 LayerNorm`` in model code sees the fused class. Targets inside torch are patched once the
 whole ``torch`` package has imported.
 
-One hook may patch several libraries: the module of each library (``lib_<library>.py``) adds
-its targets and module swaps to the hook with ``contribute`` (for an installed library only). A
-list of classes is written once, as a ``ClassPatches``: the hook's targets and the module swap
-``replace_modules`` uses on built models. This module never imports torch; replacements are
-imported when a patch is applied.
+One hook may patch several libraries: the hooks module of each library
+(``fusedops/integrations/<library>/hooks.py``) adds its targets and module swaps to the hook
+with ``contribute`` (for an installed library only). A list of classes is written once, as a
+``ClassPatches``: the hook's targets and the module swap ``replace_modules`` uses on built
+models. This module never imports torch; replacements are imported when a patch is applied.
 
 Never a silent no-op: ``report()`` / ``state()`` say what each hook patched, what waits for an
 import and what it left unpatched (a ``make`` that raises ``Unpatched``: a class of a code shape

@@ -1,7 +1,8 @@
 """Swin building blocks: the seed runtime's ``WindowProcess``, ``WindowProcessReverse`` and
 ``FusedSwinFmha`` (classes with ``.apply`` as the original Swin CUDA extension's autograd
 Functions), and ``window_attention_core``, the score / softmax / value part of Swin's window
-attention that the fused model classes (``swin_transformers``, ``swin_timm``) call.
+attention that the fused model classes (``fusedops.integrations.transformers.swin``,
+``fusedops.integrations.timm.swin``) call.
 """
 
 from __future__ import annotations

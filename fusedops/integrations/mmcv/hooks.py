@@ -1,4 +1,4 @@
-"""mmcv's NMS functions in the "nms" hook (``lib_torchvision`` defines it): ``nms``, ``soft_nms``
+"""mmcv's contributions to the hooks: its NMS functions in the "nms" hook: ``nms``, ``soft_nms``
 and ``batched_nms`` in ``mmcv.ops`` and in the ``mmcv.ops.nms`` module (where mmcv's own
 ``batched_nms`` looks them up, and where mmdet imports them from).
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 
-from fusedops.hooks import lib_torchvision  # noqa: F401  (defines the "nms" hook)
+from fusedops.hooks import registry  # noqa: F401  (defines the "nms" and "dcn" hooks)
 from fusedops.hooks.machinery import Target, contribute
 
 #: mmcv runs one soft-NMS over all classes below this many boxes (its default ``split_thr``).

@@ -1,5 +1,5 @@
-"""Hooks on open_clip: its ``QuickGELU`` (the activation of the OpenAI-pretrained CLIP models,
-``quick_gelu=True`` / ``*-quickgelu`` configs).
+"""open_clip's contribution to the hooks: its ``QuickGELU`` (the activation of the
+OpenAI-pretrained CLIP models, ``quick_gelu=True`` / ``*-quickgelu`` configs).
 
 ``open_clip.transformer.QuickGELU`` is the class; ``open_clip.model`` and
 ``open_clip.coca_model`` import it by name and read it when they build a model
@@ -9,7 +9,7 @@ imported before the hook was enabled keeps its own reference. Nothing here impor
 
 from __future__ import annotations
 
-from fusedops.hooks import lib_torch  # noqa: F401  (defines the hooks contributed to)
+from fusedops.hooks import registry  # noqa: F401  (defines the hooks contributed to)
 from fusedops.hooks.machinery import ClassPatches, contribute, resolve
 
 _QUICK_GELU = ("open_clip.transformer", "QuickGELU")

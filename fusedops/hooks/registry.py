@@ -1,8 +1,12 @@
-"""Hooks on torch itself and on user classes: LayerNorm, RMSNorm, Adam, AdamW, QuickGELU.
+"""The hooks registry: every hook by name (``FUSEDOPS_HOOKS`` names), its ``enable_*`` /
+``disable_*`` functions, and the targets in torch itself and in user classes: LayerNorm,
+RMSNorm, Adam, AdamW, QuickGELU (user classes, ``nn.GELU``); swin, nms and dcn patch model
+libraries only.
 
-Defines the hooks (``register_hook``); the modules of other libraries (``lib_<library>.py``)
-add their own classes to them with ``contribute``. Never imports torch: replacements are
-resolved when a patch is applied.
+The libraries' own targets (transformers, timm, torchvision, mmcv, open_clip) live with the
+rest of fusedops' code for that library, in ``fusedops/integrations/<library>/hooks.py``, which
+adds them to these hooks with ``contribute``. Never imports torch: replacements are resolved
+when a patch is applied.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from fusedops.hooks.machinery import (
     ClassPatches,
     Hook,
     Target,
+    Unpatched,
     disable,
     enable,
     register_hook,
@@ -96,8 +101,9 @@ def enable_quick_gelu(classes: Iterable[Any] = (), *, gelu: bool = False) -> Non
 
     Always covered where the library is installed: transformers' ``QuickGELUActivation`` (the
     class and its ``ACT2CLS`` / ``ACT2FN`` entries) and open_clip's ``QuickGELU``
-    (``lib_transformers``, ``lib_open_clip``). classes: more classes to replace, as class
-    objects or ``"module.Class"`` paths; each is swapped for a fused subclass of itself.
+    (``fusedops.integrations.transformers``, ``fusedops.integrations.open_clip``). classes:
+    more classes to replace, as class objects or ``"module.Class"`` paths; each is swapped for
+    a fused subclass of itself.
     gelu: also replace ``torch.nn.GELU`` (a different function: warns).
     """
     enable("quick_gelu", classes=tuple(classes), gelu=gelu)
@@ -139,7 +145,8 @@ def disable_fused_layer_norm() -> None:
 def enable_fused_rms_norm() -> None:
     """Replace ``torch.nn.RMSNorm`` everywhere torch exposes it by ``fusedops.nn.RMSNorm``, and
     transformers' RMSNorm-family classes (``LlamaRMSNorm``, ``T5LayerNorm``, ...; the list is
-    in ``lib_transformers``) by fused subclasses; before their import, on import."""
+    in ``fusedops/integrations/transformers/rms_norm_classes.json``) by fused subclasses;
+    before their import, on import."""
     enable("rms_norm")
 
 
@@ -185,3 +192,75 @@ def enable_fused_adamw() -> None:
 def disable_fused_adamw() -> None:
     """Restore ``torch.optim.AdamW``."""
     disable("adamw")
+
+
+# Swin: the model libraries' Swin layers and attentions (transformers, timm: contributed by
+# their integrations) by fused subclasses built with fusedops.nn.swin.fused_subclass.
+
+
+def swin_patches(classes, recognise: str, *, optional: bool = False) -> ClassPatches:
+    """The Swin classes ``classes`` ((module, class) pairs), each replaced by its fused
+    subclass, recognised by the ``"module:function"`` named (a class of a code shape it does not
+    know is left unpatched, with the reason)."""
+
+    def make(original):
+        fused = resolve("fusedops.nn.swin:fused_subclass")(original, resolve(recognise))
+        if isinstance(fused, str):
+            raise Unpatched(fused)
+        return fused
+
+    return ClassPatches(dict.fromkeys(classes, make), optional=optional)
+
+
+register_hook(
+    Hook("swin", targets=lambda **_: [], nothing_hint="neither transformers nor timm is installed")
+)
+
+
+def enable_fused_swin() -> None:
+    """Make Swin models use fusedops' window gathers and Swin softmax: transformers'
+    ``SwinLayer``, ``SwinAttention``, ``Swinv2Layer``, ``Swinv2SelfAttention`` and timm's
+    ``SwinTransformerBlock``, ``WindowAttention`` are replaced by fused subclasses (now, or when
+    their module is imported). Models built before: ``fusedops.replace_modules(model)``."""
+    enable("swin")
+
+
+def disable_fused_swin() -> None:
+    """Restore the Swin classes ``enable_fused_swin`` replaced."""
+    disable("swin")
+
+
+# NMS and deformable convolution: functions of torchvision and mmcv (contributed by their
+# integrations).
+
+for _name in ("nms", "dcn"):
+    register_hook(
+        Hook(
+            _name, targets=lambda **_: [], nothing_hint="neither torchvision nor mmcv is installed"
+        )
+    )
+
+
+def enable_fused_dcn() -> None:
+    """Replace torchvision's ``deform_conv2d`` (so ``DeformConv2d`` too) and mmcv's
+    ``modulated_deform_conv2d`` (so ``ModulatedDeformConv2d`` and ``ModulatedDeformConv2dPack``)
+    by fusedops' deformable convolution, now or when they are imported."""
+    enable("dcn")
+
+
+def disable_fused_dcn() -> None:
+    """Restore the deformable convolutions ``enable_fused_dcn`` replaced."""
+    disable("dcn")
+
+
+def enable_fused_nms() -> None:
+    """Replace torchvision's ``nms`` / ``batched_nms`` (``torchvision.ops`` and
+    ``torchvision.ops.boxes``) and mmcv's ``nms`` / ``soft_nms`` / ``batched_nms``
+    (``mmcv.ops`` and ``mmcv.ops.nms``) by fusedops' versions, now or when they are imported
+    (only the installed libraries; with neither, the hook warns that it has nothing to patch)."""
+    enable("nms")
+
+
+def disable_fused_nms() -> None:
+    """Restore the NMS functions ``enable_fused_nms`` replaced."""
+    disable("nms")

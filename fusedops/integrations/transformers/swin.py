@@ -27,7 +27,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from fusedops.integrations.transformers import attention_weights_requested
+from fusedops.integrations.transformers.attention import attention_weights_requested
 from fusedops.nn.swin import window_attention_core
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 

@@ -16,7 +16,7 @@ points through ``fusedops.rms_norm`` (statistics and the weight multiply in fp32
   ``1 + weight`` vector is the fused op's weight (the same rounding as the original).
 
 The eps attribute is ``variance_epsilon`` (Llama, T5 families) or ``eps``. Which class has which
-variant is listed in ``fusedops/hooks/lib_transformers.py``.
+variant is listed in ``rms_norm_classes.json`` beside this module.
 """
 
 from __future__ import annotations

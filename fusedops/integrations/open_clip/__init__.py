@@ -1,0 +1,1 @@
+"""open_clip: its QuickGELU class in the ``quick_gelu`` hook (``hooks``)."""

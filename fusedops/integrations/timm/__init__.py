@@ -1,0 +1,1 @@
+"""timm: the hooks' targets (``hooks``) and the fused Swin classes (``swin``)."""

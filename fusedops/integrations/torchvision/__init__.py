@@ -1,0 +1,1 @@
+"""torchvision: the NMS and deformable convolution functions the hooks replace (``hooks``)."""

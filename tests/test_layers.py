@@ -1,6 +1,7 @@
 """The package's layers go one way (integrations/hooks -> nn/optim -> ops -> dispatch ->
-kernels): kernels never import ``fusedops.ops``, and no fusedops module imports itself back
-through others. Read from the sources (every import statement, function-level ones included)."""
+kernels): kernels never import ``fusedops.ops``, nothing below integrations/ and hooks/
+imports them, and no fusedops module imports itself back through others. Read from the
+sources (every import statement, function-level ones included)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,46 @@ def test_the_checks_see_a_cycle_and_a_layer_breach():
     assert _cycles({"a": {"b"}, "b": set()}) == []
     breach = _imports(MODULES["fusedops.ops.quick_gelu"])
     assert "fusedops.dispatch" in breach and "fusedops.kernels.shared.constants" in breach
+
+
+#: The layers below ``integrations/`` and ``hooks/`` (docs/contract.md, "Layers"), and those two.
+LOWER_LAYERS = (
+    "fusedops.nn",
+    "fusedops.optim",
+    "fusedops.ops",
+    "fusedops.dispatch",
+    "fusedops.kernels",
+)
+UPPER_LAYERS = ("fusedops.integrations", "fusedops.hooks")
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == package or name.startswith(f"{package}.") for package in packages)
+
+
+def _upward(path: Path) -> list[str]:
+    """The modules of ``integrations/`` and ``hooks/`` that ``path`` imports."""
+    return sorted(name for name in _imports(path) if _within(name, UPPER_LAYERS))
+
+
+def test_nn_optim_ops_and_kernels_import_no_integration_or_hook():
+    """Code for other libraries lives in fusedops/integrations/<library>/ and the hooks above
+    fusedops' own modules: nothing below them imports them."""
+    offenders = {
+        name: _upward(path) for name, path in MODULES.items() if _within(name, LOWER_LAYERS)
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_upward_check_sees_a_planted_breach(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import fusedops.hooks.registry\n"
+        "def late():\n"
+        "    from fusedops.integrations.transformers.attention import NAME\n"
+    )
+    assert _upward(planted) == [
+        "fusedops.hooks.registry",
+        "fusedops.integrations.transformers.attention",
+    ]
+    assert not _within("fusedops.nnx", LOWER_LAYERS) and _within("fusedops.nn.swin", LOWER_LAYERS)

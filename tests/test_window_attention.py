@@ -526,3 +526,24 @@ def test_attention_core_fuses_without_dropout_and_keeps_dropout_semantics():
     scores = q @ k.transpose(-1, -2) * 0.25 + bias + mask.repeat(2, 1, 1)[:, None]
     probs = torch.nn.functional.dropout(torch.softmax(scores, -1), p=0.5, training=True)
     assert_close(dropped, (probs @ v).double())
+
+
+def test_unsupported_reasons_is_the_one_place_of_the_limits():
+    """``unsupported_reasons``: N and d refused by every backend (the public ValueError), a
+    bias or mask outside fp32/fp16/bf16 by the kernels only, which dispatch then skips."""
+    from fusedops.ops.window_attention import unsupported_reasons
+
+    q, k, v, _, _ = _inputs(2, 1, 16, 16, torch.float64, bias=False)
+    bias = random_tensor((1, 16, 16), torch.float64, DEVICE)
+    assert unsupported_reasons("reference", q, k, v, bias, None) == []
+    for backend in ("cuda", "triton"):
+        (reason,) = unsupported_reasons(backend, q, k, v, bias, None)
+        assert reason.startswith("relative_pos_bias has dtype torch.float64")
+    wide = torch.ones(2, 1, 257, 48, device=DEVICE)
+    for backend in fusedops.dispatch.BACKENDS:
+        n_reason, d_reason = unsupported_reasons(backend, wide, wide, wide)
+        assert "N=257" in n_reason and "d=48" in d_reason
+    with pytest.raises(ValueError, match="N=257.*; .*d=48"):
+        fusedops.window_attention(wide, wide, wide)
+    with pytest.raises(fusedops.BackendUnavailableError, match="relative_pos_bias has dtype"):
+        fusedops.window_attention(q, k, v, bias, backend="triton")

@@ -90,14 +90,32 @@ def _ref_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
 reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
 
 
-def _kernel_check(backend, q, k, v, bias, mask) -> list[str]:
-    if backend == "reference":
-        return []
-    return [
-        f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
-        for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))
-        if t is not None and t.dtype not in KERNEL_PARAM_DTYPES
-    ]
+def unsupported_reasons(backend: str, q, k, v, bias=None, mask=None) -> list[str]:
+    """Why ``backend`` cannot run window attention on these tensors (empty list: it can).
+
+    q, k, v ``(Z, H, N, d)``; bias ``(H, N, N)`` and mask ``(nW, N, N)``, or None. Every backend
+    (native and reference too) takes N in 1..``MAX_TOKENS`` and d in ``HEAD_DIMS``: the public
+    function raises ValueError with these reasons, and model code (``attention_core``, the
+    transformers integration) asks with "reference" (the backend with the fewest limits:
+    what it refuses, every backend refuses) to know whether the op takes a call at all.
+    The kernels (cuda, triton) read a bias and mask of float32/float16/bfloat16 only; q's dtype
+    is dispatch's to check (``register_op``'s ``dtypes``).
+    """
+    n, d = q.shape[-2:]
+    reasons = []
+    if not 1 <= n <= MAX_TOKENS:
+        reasons.append(f"q has N={n} tokens per window; window_attention takes 1 to {MAX_TOKENS}")
+    if d not in HEAD_DIMS:
+        reasons.append(
+            f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}, not head dim {d}"
+        )
+    if backend in dispatch.KERNEL_BACKENDS:
+        reasons.extend(
+            f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
+            for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))
+            if t is not None and t.dtype not in KERNEL_PARAM_DTYPES
+        )
+    return reasons
 
 
 dispatch.register_op(
@@ -108,7 +126,7 @@ dispatch.register_op(
     # The Triton kernel is the fused one; the CUDA path is cuBLAS products around fused
     # softmax kernels (see README). Order to be revisited with bench_window_attention results.
     preference=("triton", "cuda"),
-    check=_kernel_check,
+    unsupported_reasons=unsupported_reasons,
 )
 
 # ------------------------------------------------------------------------------------------
@@ -206,10 +224,9 @@ def _check_inputs(q, k, v, bias, mask) -> None:
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}; expected q's {q.dtype}")
     windows, heads, n, d = q.shape
-    if not 1 <= n <= MAX_TOKENS:
-        raise ValueError(f"q has N={n} tokens per window; window_attention takes 1 to {MAX_TOKENS}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}")
+    shared = unsupported_reasons("reference", q, k, v)  # what every backend refuses
+    if shared:
+        raise ValueError("; ".join(shared))
     param_dtypes = (*KERNEL_PARAM_DTYPES, q.dtype)
     if bias is not None:
         check_tensor(bias, "relative_pos_bias", param_dtypes)
@@ -299,8 +316,8 @@ def attention_core(
     """
     if bias is not None and bias.dim() == 4:
         bias = bias.squeeze(0)
-    n, d = q.shape[-2:]
-    if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
+    dropout = training and dropout_p > 0
+    if not (dropout or unsupported_reasons("reference", q, k, v, bias, mask)):
         return window_attention(q, k, v, bias, mask, scale)
     probs = masked_softmax(_scores(q, k, bias, mask, scale))  # fully masked rows: 0, as fused
     probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)

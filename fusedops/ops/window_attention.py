@@ -40,7 +40,8 @@ from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
-from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax, shifted_exp
+from fusedops.ops._swin import add_window_mask, native_softmax, shifted_exp
+from fusedops.ops.swin_softmax import swin_attention_softmax
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -306,19 +307,32 @@ def attention_core(
     scale: float,
     dropout_p: float = 0.0,
     training: bool = False,
-) -> torch.Tensor:
-    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code (the Swin hook's
-    ``_window_attention_core`` signature): ``window_attention`` when it can take the call, else
-    the same math unfused (attention dropout while training, N > 256, other head dims).
+    need_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code: the Swin
+    modules of the hooks (``fusedops/nn/swin_transformers.py``, ``swin_timm.py``) call it.
 
-    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)`` or ``(1, heads, N, N)``;
-    mask ``(nW, N, N)`` or None. Returns ``(batch * nW, heads, N, d)`` in q's dtype.
+    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)``, ``(1, heads, N, N)`` or None;
+    mask ``(nW, N, N)`` or None, window ``z`` using ``mask[z % nW]``. Dropout with
+    ``dropout_p`` on the probabilities while ``training``. Returns the output
+    ``(batch * nW, heads, N, d)`` in q's dtype; with ``need_weights``, ``(output, weights)``,
+    the probabilities after dropout ``(batch * nW, heads, N, N)``, as Swin's attention modules
+    return them.
+
+    Without weights or attention dropout, and where the op takes the sizes
+    (``unsupported_reasons``: N <= 256, d in 16/32/64/128), ``window_attention`` (flash-style,
+    one kernel per direction, the scores never in memory); otherwise the products around the
+    fused Swin softmax (``swin_attention_softmax``).
     """
     if bias is not None and bias.dim() == 4:
         bias = bias.squeeze(0)
     dropout = training and dropout_p > 0
-    if not (dropout or unsupported_reasons("reference", q, k, v, bias, mask)):
+    if not (need_weights or dropout or unsupported_reasons("reference", q, k, v, bias, mask)):
         return window_attention(q, k, v, bias, mask, scale)
-    probs = masked_softmax(_scores(q, k, bias, mask, scale))  # fully masked rows: 0, as fused
-    probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
-    return torch.matmul(probs.to(v.dtype), v)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if bias is None:  # the Swin softmax takes a bias
+        bias = scores.new_zeros(scores.shape[1:])
+    probs = swin_attention_softmax(scores, bias, mask)
+    dropped = torch.nn.functional.dropout(probs, dropout_p, training) if dropout else probs
+    out = torch.matmul(dropped, v)
+    return (out, dropped) if need_weights else out

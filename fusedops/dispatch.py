@@ -5,12 +5,13 @@ each time it runs. The rule, in order:
 
 1. An explicit choice wins: the op's ``backend=`` argument, then ``with use_backend(...)``, then
    the ``FUSEDOPS_BACKEND`` environment variable. If the chosen backend cannot take the inputs,
-   ``BackendUnavailableError`` lists its reasons.
+   ``BackendUnavailableError`` lists its reasons (the op's ``unsupported_reasons`` among them).
 2. On a CUDA tensor: the first kernel backend of the op's preference (cuda, then triton, by
    default) that has **passed the GPU suite at its current sources** (``gpu_verified``; the table
    is ``fusedops/kernels/verified.json``), is installed/built and has no reason to refuse these
-   inputs. ``FUSEDOPS_UNVERIFIED=1`` lets unverified kernels into this automatic pick; otherwise
-   skipping one says so once per op in a warning.
+   inputs (device, dtype, the op's ``unsupported_reasons``). ``FUSEDOPS_UNVERIFIED=1`` lets
+   unverified kernels into this automatic pick; otherwise skipping one says so once per op in a
+   warning.
 3. Otherwise (CPU tensors, no verified kernel, or none can take the inputs): ``native``, the op
    written with PyTorch's own native ops (``F.layer_norm``, ``torch._fused_adamw_``, dropout +
    add, ...): correct and unfused, never slower than the code the op replaces. An op without a
@@ -68,8 +69,10 @@ class Op:
     cuda_module: dotted module path of the CUDA launchers' Python side (calls the extension).
     dtypes: input dtypes the kernels (triton and cuda) accept.
     preference: kernel backends to try, in order, for CUDA tensors.
-    check: optional ``check(backend, *tensors) -> list[str]`` giving op-specific reasons
-        (asked with "reference" for the native backend: both are plain PyTorch).
+    unsupported_reasons: the op module's ``unsupported_reasons(backend, *tensors) -> list[str]``,
+        its limits per backend (empty list: ``backend`` takes these tensors); asked with
+        "reference" for the native backend (both are plain PyTorch). None: no limits beyond
+        ``dtypes``.
     native: namespace with the reference's function names written with PyTorch's native ops
         (the automatic pick where no verified kernel runs); None: the reference serves.
     """
@@ -80,7 +83,7 @@ class Op:
     cuda_module: str | None = None
     dtypes: frozenset = KERNEL_DTYPES
     preference: tuple[str, ...] = ("cuda", "triton")
-    check: Callable[..., list[str]] | None = None
+    unsupported_reasons: Callable[..., list[str]] | None = None
     native: Any = None
     _impls: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -226,8 +229,9 @@ def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list
             missing = _cuda_missing()  # builds the extension on first use
             if missing:
                 reasons.append(missing)
-    if op.check is not None:
-        reasons.extend(op.check("reference" if backend == "native" else backend, *tensors))
+    if op.unsupported_reasons is not None:
+        asked = "reference" if backend == "native" else backend  # both plain PyTorch
+        reasons.extend(op.unsupported_reasons(asked, *tensors))
     return reasons
 
 

@@ -73,7 +73,7 @@ def test_cuda_tensor_prefers_cuda_then_triton_then_native(monkeypatch):
 
 def test_no_backend_error_lists_every_backend():
     refuse = lambda backend, *tensors: [f"{backend} refuses"]
-    dispatch.register_op("_always_refused", reference=None, check=refuse)
+    dispatch.register_op("_always_refused", reference=None, unsupported_reasons=refuse)
     try:
         with pytest.raises(dispatch.BackendUnavailableError) as info:
             dispatch.select_name("_always_refused", _cuda_input())

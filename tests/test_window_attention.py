@@ -526,3 +526,54 @@ def test_attention_core_fuses_without_dropout_and_keeps_dropout_semantics():
     scores = q @ k.transpose(-1, -2) * 0.25 + bias + mask.repeat(2, 1, 1)[:, None]
     probs = torch.nn.functional.dropout(torch.softmax(scores, -1), p=0.5, training=True)
     assert_close(dropped, (probs @ v).double())
+
+
+def test_unsupported_reasons_is_the_one_place_of_the_limits():
+    """``unsupported_reasons``: N and d refused by every backend (the public ValueError), a
+    bias or mask outside fp32/fp16/bf16 by the kernels only, which dispatch then skips."""
+    from fusedops.ops.window_attention import unsupported_reasons
+
+    q, k, v, _, _ = _inputs(2, 1, 16, 16, torch.float64, bias=False)
+    bias = random_tensor((1, 16, 16), torch.float64, DEVICE)
+    assert unsupported_reasons("reference", q, k, v, bias, None) == []
+    for backend in ("cuda", "triton"):
+        (reason,) = unsupported_reasons(backend, q, k, v, bias, None)
+        assert reason.startswith("relative_pos_bias has dtype torch.float64")
+    wide = torch.ones(2, 1, 257, 48, device=DEVICE)
+    for backend in fusedops.dispatch.BACKENDS:
+        n_reason, d_reason = unsupported_reasons(backend, wide, wide, wide)
+        assert "N=257" in n_reason and "d=48" in d_reason
+    with pytest.raises(ValueError, match="N=257.*; .*d=48"):
+        fusedops.window_attention(wide, wide, wide)
+    with pytest.raises(fusedops.BackendUnavailableError, match="relative_pos_bias has dtype"):
+        fusedops.window_attention(q, k, v, bias, backend="triton")
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_core_unfused_outside_the_ops_limits(need_weights, bias):
+    """``attention_core`` on what ``window_attention`` refuses (d = 24, N = 257) or when the
+    weights are asked for: scores, the Swin softmax (a zero bias where there is none),
+    products; the weights returned with ``need_weights``."""
+    from fusedops.ops.window_attention import attention_core
+
+    for n, d in ((16, 24), (257, 16)) if not need_weights else ((16, 16),):
+        q, k, v, b, mask = _inputs(2, 2, n, d, F32, bias=bias, mask=(1, -100.0))
+        fusedops.dispatch.last_used.pop("window_attention", None)
+        result = attention_core(q, k, v, b, mask, 0.3, need_weights=need_weights)
+        assert "window_attention" not in fusedops.dispatch.last_used
+        scores = q.double() @ k.double().transpose(-1, -2) * 0.3 + mask.double()[None]
+        if b is not None:
+            scores = scores + b.double()
+        probs = torch.softmax(scores, -1)
+        out, weights = result if need_weights else (result, None)
+        # an error e in a row's fp32 scores moves its probabilities by up to 2e relatively:
+        # magnitudes from the terms each score sums (d products, the bias), per row
+        sums = q.detach().abs().double() @ k.detach().abs().double().transpose(-1, -2) * 0.3
+        if b is not None:
+            sums = sums + b.detach().abs().double()
+        shift = 2 * sums.amax(-1, keepdim=True)
+        terms = max(n, d)
+        assert_close(out, probs @ v.double(), terms=terms, magnitude=(1 + shift) * v.abs().max())
+        if need_weights:
+            assert_close(weights, probs, terms=terms, magnitude=shift)

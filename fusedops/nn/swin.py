@@ -1,17 +1,15 @@
 """Swin building blocks: the seed runtime's ``WindowProcess``, ``WindowProcessReverse`` and
 ``FusedSwinFmha`` (classes with ``.apply`` as the original Swin CUDA extension's autograd
-Functions), and ``window_attention_core``, the score / softmax / value part of Swin's window
-attention that the fused model classes (``fusedops.integrations.transformers.swin``,
-``fusedops.integrations.timm.swin``) call.
+Functions), and ``fused_subclass``, which the fused model classes
+(``fusedops.integrations.transformers.swin``, ``fusedops.integrations.timm.swin``) are built
+with. Their attention calls ``fusedops.ops.window_attention``'s ``attention_core``.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
 
 from fusedops.nn import _fused_class
-from fusedops.ops import window_attention as _flash
 from fusedops.ops.swin_softmax import swin_attention_softmax
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
@@ -76,38 +74,6 @@ class FusedSwinFmha:
         if attn_mask is not None:
             _check_dims(attn_mask, "attn_mask", (window_num, n, n), "window_num, window_len")
         return swin_attention_softmax(attn, relative_pos_bias, attn_mask)
-
-
-def window_attention_core(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
-    mask: torch.Tensor | None,
-    scale: float,
-    dropout_p: float = 0.0,
-    training: bool = False,
-    need_weights: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``softmax(q @ k^T * scale + bias + mask) @ v`` for Swin's windows.
-
-    q, k, v: (B*nW, heads, N, d); bias: (heads, N, N); mask: (nW, N, N) or None, window b using
-    ``mask[b % nW]``. Dropout with ``dropout_p`` on the probabilities when ``training``.
-    Returns (out (B*nW, heads, N, d), the probabilities after dropout (B*nW, heads, N, N), as
-    Swin's attention modules return them, or None).
-
-    Without ``need_weights`` (and no attention dropout), one flash-style kernel per direction
-    (``fusedops.window_attention``: the scores never reach memory, weights None) where it takes
-    the sizes (N <= 256, d in 16/32/64/128); otherwise the products around the fused softmax.
-    """
-    n, d = q.shape[-2:]
-    dropout = training and dropout_p > 0
-    if not (need_weights or dropout) and 1 <= n <= _flash.MAX_TOKENS and d in _flash.HEAD_DIMS:
-        return _flash.window_attention(q, k, v, bias, mask, scale), None
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    probs = swin_attention_softmax(scores, bias, mask)
-    dropped = F.dropout(probs, dropout_p, training) if dropout else probs
-    return torch.matmul(dropped, v), dropped
 
 
 # ------------------------------------------------------------------------------------------

@@ -174,10 +174,15 @@ def _native_eager(x, bias, residual, seed, p):
     return (residual.to(compute) + v).to(residual.dtype)
 
 
-def _kernel_check(backend: str, main, residual=None, bias=None) -> list[str]:
-    """The kernels compute in fp32: any input outside their dtypes (an fp64 residual or bias
-    means fp64 math) goes to the reference. main (x or grad): checked by the dispatcher."""
-    if backend == "reference":
+def unsupported_reasons(backend: str, main, residual=None, bias=None) -> list[str]:
+    """Why ``backend`` cannot take these tensors (empty list: it can).
+
+    main: x ``(..., H)`` or the gradient (its dtype is dispatch's to check); residual, bias:
+    the forward's, or None. The kernels compute in fp32: a residual or bias outside
+    float32/float16/bfloat16 (an fp64 one means fp64 math) goes to the native backend or the
+    reference, which take any float dtype.
+    """
+    if backend not in dispatch.KERNEL_BACKENDS:
         return []
     return [
         f"{name} has dtype {t.dtype} (the kernels take float32, float16 or bfloat16)"
@@ -195,7 +200,7 @@ dispatch.register_op(
     reference,
     triton_module="fusedops.kernels.triton.bias_dropout_add",
     cuda_module="fusedops.kernels.cuda.bias_dropout_add",
-    check=_kernel_check,
+    unsupported_reasons=unsupported_reasons,
     native=native,
 )
 

@@ -207,9 +207,22 @@ native = SimpleNamespace(
 )
 
 
-def _kernel_check(backend: str, x: torch.Tensor) -> list[str]:
-    if backend == "cuda" and x.dim() == 2 and x.shape[1] >= 2**31:
-        return [f"rows of {x.shape[1]} elements exceed the CUDA kernel's 2^31 - 1"]
+#: Longest row (elements) the CUDA kernels index with 32-bit offsets.
+CUDA_MAX_ROW = 2**31 - 1
+
+
+def unsupported_reasons(backend: str, x: torch.Tensor, row_length: int | None = None) -> list[str]:
+    """Why ``backend`` cannot normalize ``x`` (empty list: it can), for layer_norm and rms_norm.
+
+    backend: a dispatch backend name; x: the rows ``(rows, N)``; row_length: N when x is not
+    yet flattened to rows (default: ``x.shape[1]`` of a 2-D x, else no limit is known). The
+    CUDA kernel takes rows of at most ``CUDA_MAX_ROW`` elements; triton, native and reference
+    take any. Dtypes are dispatch's (``register_op``'s ``dtypes``).
+    """
+    if row_length is None and x.dim() == 2:
+        row_length = x.shape[1]
+    if backend == "cuda" and row_length is not None and row_length > CUDA_MAX_ROW:
+        return [f"rows of {row_length} elements exceed the CUDA kernel's 2^31 - 1"]
     return []
 
 
@@ -219,7 +232,7 @@ for _name in ("layer_norm", "rms_norm"):
         reference,
         triton_module="fusedops.kernels.triton.layer_norm",
         cuda_module="fusedops.kernels.cuda.layer_norm",
-        check=_kernel_check,
+        unsupported_reasons=unsupported_reasons,
         native=native,
     )
 
@@ -459,7 +472,7 @@ def _cuda_extension(name, x, weight, bias, n, backend):
     in C++ (the dispatch rule picks cuda and the kernels read the parameters as they are), else
     None: then the autograd.Function, whose backward is Python, runs whichever backend the rule
     picks."""
-    if x.device.type != "cuda" or n >= 2**31:
+    if x.device.type != "cuda" or unsupported_reasons("cuda", x, n):
         return None
     if dispatch.select_name(name, x, backend=backend) != "cuda":
         return None

@@ -57,7 +57,10 @@ def _ref_backward(grad, probs):
 reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
 
 
-def _kernel_limits(backend: str, attn: torch.Tensor) -> list[str]:
+def unsupported_reasons(backend: str, attn: torch.Tensor) -> list[str]:
+    """Why ``backend`` cannot take the scores ``attn`` ``(B*nW, heads, N, N)`` (empty list: it
+    can): each kernel holds a row of N scores in registers, up to ``MAX_N[backend]``; native and
+    reference take any N."""
     limit = MAX_N.get(backend)
     if limit is not None and attn.shape[-1] > limit:
         return [f"window_len N={attn.shape[-1]} > {limit}, the {backend} kernel's limit"]
@@ -69,7 +72,7 @@ dispatch.register_op(
     reference,
     triton_module="fusedops.kernels.triton.swin_softmax",
     cuda_module="fusedops.kernels.cuda.swin_softmax",
-    check=_kernel_limits,
+    unsupported_reasons=unsupported_reasons,
 )
 
 

@@ -40,7 +40,8 @@ from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
-from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax, shifted_exp
+from fusedops.ops._swin import add_window_mask, native_softmax, shifted_exp
+from fusedops.ops.swin_softmax import swin_attention_softmax
 
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
@@ -90,14 +91,32 @@ def _ref_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
 reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
 
 
-def _kernel_check(backend, q, k, v, bias, mask) -> list[str]:
-    if backend == "reference":
-        return []
-    return [
-        f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
-        for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))
-        if t is not None and t.dtype not in KERNEL_PARAM_DTYPES
-    ]
+def unsupported_reasons(backend: str, q, k, v, bias=None, mask=None) -> list[str]:
+    """Why ``backend`` cannot run window attention on these tensors (empty list: it can).
+
+    q, k, v ``(Z, H, N, d)``; bias ``(H, N, N)`` and mask ``(nW, N, N)``, or None. Every backend
+    (native and reference too) takes N in 1..``MAX_TOKENS`` and d in ``HEAD_DIMS``: the public
+    function raises ValueError with these reasons, and model code (``attention_core``, the
+    transformers integration) asks with "reference" (the backend with the fewest limits:
+    what it refuses, every backend refuses) to know whether the op takes a call at all.
+    The kernels (cuda, triton) read a bias and mask of float32/float16/bfloat16 only; q's dtype
+    is dispatch's to check (``register_op``'s ``dtypes``).
+    """
+    n, d = q.shape[-2:]
+    reasons = []
+    if not 1 <= n <= MAX_TOKENS:
+        reasons.append(f"q has N={n} tokens per window; window_attention takes 1 to {MAX_TOKENS}")
+    if d not in HEAD_DIMS:
+        reasons.append(
+            f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}, not head dim {d}"
+        )
+    if backend in dispatch.KERNEL_BACKENDS:
+        reasons.extend(
+            f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
+            for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))
+            if t is not None and t.dtype not in KERNEL_PARAM_DTYPES
+        )
+    return reasons
 
 
 dispatch.register_op(
@@ -108,7 +127,7 @@ dispatch.register_op(
     # The Triton kernel is the fused one; the CUDA path is cuBLAS products around fused
     # softmax kernels (see README). Order to be revisited with bench_window_attention results.
     preference=("triton", "cuda"),
-    check=_kernel_check,
+    unsupported_reasons=unsupported_reasons,
 )
 
 # ------------------------------------------------------------------------------------------
@@ -206,10 +225,9 @@ def _check_inputs(q, k, v, bias, mask) -> None:
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype}; expected q's {q.dtype}")
     windows, heads, n, d = q.shape
-    if not 1 <= n <= MAX_TOKENS:
-        raise ValueError(f"q has N={n} tokens per window; window_attention takes 1 to {MAX_TOKENS}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}")
+    shared = unsupported_reasons("reference", q, k, v)  # what every backend refuses
+    if shared:
+        raise ValueError("; ".join(shared))
     param_dtypes = (*KERNEL_PARAM_DTYPES, q.dtype)
     if bias is not None:
         check_tensor(bias, "relative_pos_bias", param_dtypes)
@@ -289,19 +307,33 @@ def attention_core(
     scale: float,
     dropout_p: float = 0.0,
     training: bool = False,
-) -> torch.Tensor:
-    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code (the Swin hook's
-    ``_window_attention_core`` signature): ``window_attention`` when it can take the call, else
-    the same math unfused (attention dropout while training, N > 256, other head dims).
+    need_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Swin attention ``softmax(q k^T * scale + bias + mask) v`` for model code: the Swin
+    modules of the hooks (``fusedops/integrations/transformers/swin.py``,
+    ``fusedops/integrations/timm/swin.py``) call it.
 
-    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)`` or ``(1, heads, N, N)``;
-    mask ``(nW, N, N)`` or None. Returns ``(batch * nW, heads, N, d)`` in q's dtype.
+    q, k, v ``(batch * nW, heads, N, d)``; bias ``(heads, N, N)``, ``(1, heads, N, N)`` or None;
+    mask ``(nW, N, N)`` or None, window ``z`` using ``mask[z % nW]``. Dropout with
+    ``dropout_p`` on the probabilities while ``training``. Returns the output
+    ``(batch * nW, heads, N, d)`` in q's dtype; with ``need_weights``, ``(output, weights)``,
+    the probabilities after dropout ``(batch * nW, heads, N, N)``, as Swin's attention modules
+    return them.
+
+    Without weights or attention dropout, and where the op takes the sizes
+    (``unsupported_reasons``: N <= 256, d in 16/32/64/128), ``window_attention`` (flash-style,
+    one kernel per direction, the scores never in memory); otherwise the products around the
+    fused Swin softmax (``swin_attention_softmax``).
     """
     if bias is not None and bias.dim() == 4:
         bias = bias.squeeze(0)
-    n, d = q.shape[-2:]
-    if (dropout_p == 0.0 or not training) and 1 <= n <= MAX_TOKENS and d in HEAD_DIMS:
+    dropout = training and dropout_p > 0
+    if not (need_weights or dropout or unsupported_reasons("reference", q, k, v, bias, mask)):
         return window_attention(q, k, v, bias, mask, scale)
-    probs = masked_softmax(_scores(q, k, bias, mask, scale))  # fully masked rows: 0, as fused
-    probs = torch.nn.functional.dropout(probs, p=dropout_p, training=training)
-    return torch.matmul(probs.to(v.dtype), v)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if bias is None:  # the Swin softmax takes a bias
+        bias = scores.new_zeros(scores.shape[1:])
+    probs = swin_attention_softmax(scores, bias, mask)
+    dropped = torch.nn.functional.dropout(probs, dropout_p, training) if dropout else probs
+    out = torch.matmul(dropped, v)
+    return (out, dropped) if need_weights else out

@@ -3,7 +3,7 @@
 - ``SwinTransformerBlock._attn``: shift + window partition and window reverse + unshift as the
   fused gathers. timm rolls the map before padding it, so a map that needs padding (H or W not
   a multiple of the window) runs timm's own ``_attn`` (its attention is still the fused one).
-- ``WindowAttention.forward``: the model's qkv / proj, then ``window_attention_core`` with the
+- ``WindowAttention.forward``: the model's qkv / proj, then ``attention_core`` with the
   bias from ``_get_rel_pos_bias`` and the (nW, N, N) mask kept separate.
 
 Recognised shape (timm >= 0.9): the block has ``_attn`` and tuple ``window_size`` /
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 
-from fusedops.nn.swin import window_attention_core
+from fusedops.ops.window_attention import attention_core
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
 
@@ -35,9 +35,7 @@ def _window_attention_forward(self, x, mask=None):
     windows, n, _ = x.shape
     q, k, v = self.qkv(x).reshape(windows, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
     bias = self._get_rel_pos_bias()[0]
-    out, _ = window_attention_core(
-        q, k, v, bias, mask, self.scale, self.attn_drop.p, self.training, need_weights=False
-    )
+    out = attention_core(q, k, v, bias, mask, self.scale, self.attn_drop.p, self.training)
     return self.proj_drop(self.proj(out.transpose(1, 2).reshape(windows, n, -1)))
 
 

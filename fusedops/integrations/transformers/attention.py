@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from fusedops.ops.window_attention import HEAD_DIMS, MAX_TOKENS, window_attention
+from fusedops.ops.window_attention import unsupported_reasons, window_attention
 
 #: The attn_implementation name this module registers.
 NAME = "fusedops"
@@ -94,10 +94,9 @@ def _fallback_reason(module, query, key, value, mask, dropout, causal, kwargs) -
         return f"query/key/value dtypes differ ({query.dtype}, {key.dtype}, {value.dtype})"
     if key.shape != query.shape or value.shape != query.shape:
         return "key/value shapes differ from the query's (grouped heads, or cached keys)"
-    if not 1 <= n <= MAX_TOKENS:
-        return f"sequence length {n} outside 1..{MAX_TOKENS}"
-    if d not in HEAD_DIMS:
-        return f"head dim {d} not in {HEAD_DIMS}"
+    limits = unsupported_reasons("reference", query, key, value)  # what no backend takes
+    if limits:
+        return "; ".join(limits)
     if any(kwargs.get(name) is not None for name in _UNSUPPORTED_KWARGS):
         return "softcap / sliding window / attention sinks / paged cache"
     if mask is None:

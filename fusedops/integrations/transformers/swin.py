@@ -8,7 +8,7 @@ outputs) and replaces its ``forward``:
   (``window_partition_roll`` / ``window_reverse_roll``); the rest as the model writes it.
 - ``SwinAttention`` (transformers 5.x: q/k/v/o projections and ``SwinRelativePositionBias``;
   4.x: the ``self`` / ``output`` pair) and ``Swinv2SelfAttention`` (cosine attention with the
-  continuous position bias): the model's projections, then ``window_attention_core``, which
+  continuous position bias): the model's projections, then ``attention_core``, which
   takes the bias and the (nW, N, N) mask separately (the (B*nW, heads, N, N) combined mask is
   never built): ``fusedops.window_attention`` (flash-style, one kernel per direction) when no
   attention weights are asked for, else the products around the fused Swin softmax.
@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 
 from fusedops.integrations.transformers.attention import attention_weights_requested
-from fusedops.nn.swin import window_attention_core
+from fusedops.ops.window_attention import attention_core
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
 # ------------------------------------------------------------------------------------------
@@ -154,6 +154,12 @@ def _table_bias(table: torch.Tensor, index: torch.Tensor, window: tuple[int, int
     return table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
 
 
+def _attend_with_weights(q, k, v, bias, mask, scale, dropout_p, training, need_weights):
+    """``attention_core``'s output and weights, the weights None unless ``need_weights``."""
+    out = attention_core(q, k, v, bias, mask, scale, dropout_p, training, need_weights)
+    return out if need_weights else (out, None)
+
+
 def _swin_attention_forward(self, hidden_states, attention_mask=None, **kwargs):
     # transformers 5.x SwinAttention: q/k/v/o projections, SwinRelativePositionBias.
     heads = self.num_attention_heads
@@ -161,7 +167,7 @@ def _swin_attention_forward(self, hidden_states, attention_mask=None, **kwargs):
     k = _heads(self.k_proj(hidden_states), heads)
     v = _heads(self.v_proj(hidden_states), heads)
     bias = self.relative_position_bias()[0]
-    out, weights = window_attention_core(
+    out, weights = _attend_with_weights(
         q, k, v, bias, attention_mask, self.scaling, self.attention_dropout, self.training,
         need_weights=attention_weights_requested(self, kwargs),
     )  # fmt: skip
@@ -184,7 +190,7 @@ def _swin_attention_forward_v4(
     bias = _table_bias(
         inner.relative_position_bias_table, inner.relative_position_index, inner.window_size
     )
-    out, probs = window_attention_core(
+    out, probs = _attend_with_weights(
         q, k, v, bias, attention_mask, inner.attention_head_size**-0.5, inner.dropout.p,
         inner.training, need_weights=output_attentions,
     )  # fmt: skip
@@ -203,7 +209,7 @@ def _swinv2_attention(self, hidden_states, attention_mask, output_attentions):
     bias = 16 * torch.sigmoid(_table_bias(table, self.relative_position_index, self.window_size))
     if attention_mask is not None and self._fusedops_mask_scale != 1:
         attention_mask = attention_mask * self._fusedops_mask_scale
-    out, probs = window_attention_core(
+    out, probs = _attend_with_weights(
         q, k, v, bias, attention_mask, 1.0, self.dropout.p, self.training,
         need_weights=output_attentions,
     )  # fmt: skip

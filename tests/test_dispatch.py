@@ -157,12 +157,16 @@ def test_kernel_sources_cover_imports_and_cuda_shared_files():
     assert {"kernels/triton/nms.py", "kernels/shared/nms_plan.py"} <= triton_nms
     assert "_alloc.py" not in triton_nms and "dispatch.py" not in triton_nms
     assert not any(name.startswith("ops/") for name in triton_nms)
-    cuda = names("cuda", "fusedops.kernels.cuda.quick_gelu")
-    assert {"kernels/cuda/quick_gelu.cu", "kernels/cuda/bindings.cpp"} <= cuda
-    assert not any(name.endswith("_bindings.cpp") for name in cuda)
-    dcn = names("cuda", "fusedops.kernels.cuda.deform_conv2d")
-    own = {"kernels/cuda/deform_conv2d.cu", "kernels/cuda/deform_conv2d_bindings.cpp"}
-    assert own | {"kernels/cuda/bindings.h", "kernels/deform_conv2d_host.py"} <= dcn
+    shared = {f"kernels/cuda/{name}" for name in verified.CUDA_SHARED_FILES}
+    assert {"kernels/cuda/library.cpp", "kernels/cuda/bindings.h"} <= shared
+    for op in ("quick_gelu", "deform_conv2d"):
+        sources = names("cuda", f"fusedops.kernels.cuda.{op}")
+        own = {f"kernels/cuda/{op}{suffix}" for suffix in (".cu", ".h", "_bindings.cpp")}
+        assert own | shared <= sources, op
+        # no other op's kernel, header or binding
+        cuda_files = {name for name in sources if name.startswith("kernels/cuda/")}
+        assert cuda_files - own - shared == {f"kernels/cuda/{op}.py"}, op
+    assert "kernels/deform_conv2d_host.py" in names("cuda", "fusedops.kernels.cuda.deform_conv2d")
     assert "kernels/device.py" in names("triton", "fusedops.kernels.triton.window_attention")
 
 

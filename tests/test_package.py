@@ -79,6 +79,21 @@ def test_cuda_extension_builds_and_registers_the_kernels_ops():
         "deform_conv2d_columns",  # registered from its own binding file (a library fragment)
     ):
         assert hasattr(torch.ops.fusedops_cuda, name), name
+    # every function each op's binding file defines, with the schema written there
+    for source in build.binding_sources():
+        for name, schema in _schemas(source.read_text()):
+            registered = getattr(torch.ops.fusedops_cuda, name).default._schema
+            assert str(registered) == str(torch._C.parse_schema(f"fusedops_cuda::{schema}"))
+
+
+def _schemas(text: str) -> list[tuple[str, str]]:
+    """(name, schema) of each ``m.def("...")`` in a C++ binding's text (adjacent string
+    literals joined)."""
+    found = []
+    for call in re.finditer(r'm\.def\(\s*((?:"[^"]*"\s*)+)', text):
+        schema = "".join(re.findall(r'"([^"]*)"', call.group(1)))
+        found.append((schema.split("(", 1)[0], schema))
+    return found
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -96,7 +111,7 @@ def test_cuda_source_compiles_for_sm80_and_sm90(source, tmp_path):
 )
 @pytest.mark.parametrize("source", build.binding_sources(), ids=lambda p: p.name)
 def test_bindings_compile_against_torch_headers(source):
-    """bindings.cpp and each op's own <op>_bindings.cpp type-check against torch's headers
+    """library.cpp and each op's <op>_bindings.cpp type-check against torch's headers
     (syntax only; they link on a GPU box)."""
     import torch.utils.cpp_extension as cpp_extension
 
@@ -110,3 +125,93 @@ def test_bindings_compile_against_torch_headers(source):
         command += [f"-I{path}" for path in includes] + [str(source)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def _extension_layout_problems(files: dict[str, str]) -> list[str]:
+    """What breaks the CUDA extension's per-op layout in ``files`` (file name -> text of the
+    folder's C++/CUDA sources): each ``<op>.cu`` with its launchers' ``<op>.h`` and its binding
+    ``<op>_bindings.cpp``, a library fragment including no other op's header; torch only in the
+    bindings; one TORCH_LIBRARY (library.cpp, defining nothing); each function defined once and
+    implemented in the file that defines it."""
+    problems = []
+    ops = {name.removesuffix(".cu") for name in files if name.endswith(".cu")}
+    bound = {name.removesuffix("_bindings.cpp") for name in files if name.endswith("_bindings.cpp")}
+    headers = {name.removesuffix(".h") for name in files if name.endswith(".h")}
+    problems += [f"{op}.cu has no {op}_bindings.cpp" for op in sorted(ops - bound)]
+    problems += [f"{op}_bindings.cpp has no {op}.cu" for op in sorted(bound - ops)]
+    problems += [f"{op}.cu has no {op}.h" for op in sorted(ops - headers)]
+    defined: dict[str, str] = {}
+    for name, text in sorted(files.items()):
+        includes = set(re.findall(r'#include "(\w+)\.h"', text))
+        torch_includes = re.findall(r"#include <(?:torch|ATen|c10)/", text)
+        if torch_includes and not (
+            name.endswith("_bindings.cpp") or name in ("bindings.h", "library.cpp")
+        ):
+            problems.append(f"{name} includes torch headers")
+        if "TORCH_LIBRARY(" in text and name != "library.cpp":
+            problems.append(f"{name} claims the namespace (TORCH_LIBRARY)")
+        op = name.removesuffix(".cu").removesuffix("_bindings.cpp")
+        if op in ops and name != f"{op}.h":
+            if op not in includes:
+                problems.append(f"{name} does not include {op}.h")
+            problems += [f"{name} includes {other}.h" for other in sorted(includes & ops - {op})]
+        schemas = [function for function, _ in _schemas(text)]
+        if schemas and not name.endswith("_bindings.cpp"):
+            problems.append(f"{name} defines {schemas}")
+        for function in schemas:
+            if function in defined:
+                problems.append(f"{function} defined in {defined[function]} and {name}")
+            defined.setdefault(function, name)
+        impls = set(re.findall(r'm\.impl\("(\w+)"', text)) - set(schemas)
+        problems += [f"{name} implements {function}, defined elsewhere" for function in impls]
+    if "TORCH_LIBRARY(" not in files.get("library.cpp", ""):
+        problems.append("library.cpp does not claim the namespace")
+    return problems
+
+
+def test_cuda_extension_is_one_set_of_files_per_op():
+    """Each op's CUDA kernel, launcher header and binding are its own files (no file lists every
+    op: build.py finds the bindings by glob); the check finds planted mistakes."""
+    suffixes = (".cu", ".h", ".cuh", ".cpp")
+    files = {p.name: p.read_text() for p in build.SOURCE_DIR.iterdir() if p.suffix in suffixes}
+    assert _extension_layout_problems(files) == []
+    assert {p.name for p in build.binding_sources()} == {
+        "library.cpp",
+        *(f"{p.stem}_bindings.cpp" for p in build.kernel_sources()),
+    }
+    fragment = files["quick_gelu_bindings.cpp"].split("}  // namespace")[1]
+    planted = {  # file: (its broken text or None for a missing file, the problem to find)
+        "quick_gelu_bindings.cpp": (None, "quick_gelu.cu has no quick_gelu_bindings.cpp"),
+        "quick_gelu.h": (None, "quick_gelu.cu has no quick_gelu.h"),
+        "quick_gelu.cu": (
+            files["quick_gelu.cu"].replace('#include "quick_gelu.h"', "#include <ATen/ATen.h>"),
+            "quick_gelu.cu includes torch headers",
+        ),
+        "adam_bindings.cpp": (
+            files["adam_bindings.cpp"] + '#include "quick_gelu.h"\n',
+            "adam_bindings.cpp includes quick_gelu.h",
+        ),
+        "layer_norm_bindings.cpp": (
+            files["layer_norm_bindings.cpp"] + fragment,
+            "quick_gelu_forward defined in layer_norm_bindings.cpp and quick_gelu_bindings.cpp",
+        ),
+        "nms_bindings.cpp": (
+            files["nms_bindings.cpp"].replace("TORCH_LIBRARY_FRAGMENT(", "TORCH_LIBRARY("),
+            "nms_bindings.cpp claims the namespace",
+        ),
+        "library.cpp": (
+            files["library.cpp"] + 'm.def("x(Tensor a) -> ()");\n',
+            "library.cpp defines ['x']",
+        ),
+        "swin_softmax_bindings.cpp": (
+            files["swin_softmax_bindings.cpp"].replace(
+                'm.def("swin_softmax_forward(', 'm.def("swin_softmax_fwd('
+            ),
+            "swin_softmax_bindings.cpp implements swin_softmax_forward, defined elsewhere",
+        ),
+    }
+    for name, (text, problem) in planted.items():
+        broken = {k: v for k, v in files.items() if k != name}
+        if text is not None:
+            broken[name] = text
+        assert any(problem in found for found in _extension_layout_problems(broken)), name

@@ -399,8 +399,9 @@ def test_forced_cuda_on_cpu_lists_reasons():
 
 
 class _EmulatedSoftmaxKernels:
-    """window_attention.cu's two launchers as launchers.h states them, in torch on the CPU: lets
-    the CUDA path's Python side (products, transposes, scale, d_bias partials) run here."""
+    """window_attention.cu's two launchers as window_attention.h states them, in torch on the
+    CPU: lets the CUDA path's Python side (products, transposes, scale, d_bias partials) run
+    here."""
 
     @staticmethod
     def _logits(scores, bias, mask, scale):

@@ -13,9 +13,10 @@ The sources of a kernel backend are:
   under ``fusedops/kernels/`` that it imports (the helpers shared with the references, Philox,
   window geometry, NMS plans, live in ``kernels/shared/``); host plumbing
   (``fusedops/_alloc.py``, ``fusedops/dispatch.py``) does not, since the CPU suite tests it;
-- for CUDA, also the ``.cu`` file named like the module, its own ``<op>_bindings.cpp`` where
-  it has one, and the extension's shared files (``bindings.cpp``, ``bindings.h``,
-  ``launchers.h``, ``device.cuh``, ``build.py``).
+- for CUDA, also the op's own files named like the module (``<op>.cu``, ``<op>.h``, its
+  launchers' declarations, and ``<op>_bindings.cpp``) and the extension's shared files
+  (``library.cpp``, ``bindings.h``, ``dtype.h``, ``device.cuh``, ``build.py``); another op's
+  files are not among them, so editing one op's binding leaves the other CUDA kernels verified.
 
 Nothing here imports triton or touches CUDA: modules are found with ``importlib.util`` and read
 as text.
@@ -32,7 +33,7 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 VERIFIED_FILE = Path(__file__).resolve().with_name("verified.json")
-CUDA_SHARED_FILES = ("bindings.cpp", "bindings.h", "launchers.h", "device.cuh", "build.py")
+CUDA_SHARED_FILES = ("library.cpp", "bindings.h", "dtype.h", "device.cuh", "build.py")
 #: Host-side modules left out of a kernel's sources (tested by the CPU suite on every run).
 HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops.dispatch")
 
@@ -88,7 +89,8 @@ def source_files(backend: str, module: str) -> list[Path]:
         folder = _module_file(module).parent
         files.update(folder / name for name in CUDA_SHARED_FILES)
         stem = _module_file(module).with_suffix("")
-        for own in (stem.with_suffix(".cu"), stem.with_name(f"{stem.name}_bindings.cpp")):
+        own_files = (".cu", ".h", "_bindings.cpp")
+        for own in (stem.with_name(stem.name + suffix) for suffix in own_files):
             if own.exists():
                 files.add(own)
     return sorted(files)

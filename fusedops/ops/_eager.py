@@ -12,7 +12,7 @@ functorch transform, no dispatch or function mode, and plain tensors only. Both 
 same code, so results are identical.
 
 LayerNorm/RMSNorm on the CUDA backend go one step further in eager mode: one call into the
-extension, whose op records a C++ autograd node (bindings.cpp, NormFunction), so neither
+extension, whose op records a C++ autograd node (layer_norm_bindings.cpp, NormFunction), so neither
 direction runs Python per call beyond the argument checks.
 """
 

@@ -1,1 +1,1 @@
-"""CUDA kernels (plain ``.cu`` launchers) and their one torch binding, built on first use."""
+"""CUDA kernels (plain ``.cu`` launchers) and each op's torch binding, built on first use."""

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "adam.h"
 
 namespace fusedops {
 namespace {

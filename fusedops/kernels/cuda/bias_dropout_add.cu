@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "bias_dropout_add.h"
 
 namespace fusedops {
 namespace {

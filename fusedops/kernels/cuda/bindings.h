@@ -1,12 +1,15 @@
-// Helpers shared by the torch bindings (bindings.cpp and each <op>_bindings.cpp): the dtype
-// mapping, input checks, the launch status check and the current stream. Host compiler only.
+// Helpers shared by the torch bindings (each <op>_bindings.cpp): the dtype mapping, input
+// checks, the launch status check and the current stream. Host compiler only.
 #pragma once
+#include <cstdint>
 #include <optional>
+
+#include <cuda_runtime_api.h>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "launchers.h"
+#include "dtype.h"
 
 namespace fusedops::binding {
 
@@ -53,6 +56,19 @@ inline void check_sized(const at::Tensor& t, const char* name, int64_t numel,
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, name, " must be ", dtype, ", got ",
                    t.scalar_type());
   TORCH_CHECK(t.numel() == numel, name, " has ", t.numel(), " elements, expected ", numel);
+}
+
+// The float32 data of an optional tensor (null when absent): contiguous, on like's device,
+// `numel` elements.
+inline float* float_ptr(const std::optional<at::Tensor>& t, const char* name, int64_t numel,
+                        const at::Tensor& like) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->is_cuda() && t->device() == like.device(), name, " must be on ", like.device());
+  TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, name, " must be float32, got ",
+                   t->scalar_type());
+  TORCH_CHECK(t->numel() == numel, name, " has ", t->numel(), " elements, expected ", numel);
+  return static_cast<float*>(t->data_ptr());
 }
 
 inline void check_launch(cudaError_t status, const char* what) {

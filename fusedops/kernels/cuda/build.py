@@ -2,10 +2,10 @@
 
 Built on first use on a CUDA machine and cached per torch / CUDA / GPU arch under
 ``$FUSEDOPS_CACHE_DIR`` (default ``~/.cache/fusedops``); ``python -m fusedops build`` builds ahead
-of time. A failed build logs one line and the dispatcher falls back to Triton. The extension
-registers ``torch.ops.fusedops_cuda.<op>_<function>`` for every launcher in ``bindings.cpp`` and
-the ops' own ``<op>_bindings.cpp`` files;
-``kernels/cuda/<op>.py`` allocates outputs and calls them.
+of time. A failed build logs one line and the dispatcher falls back to Triton. The extension is
+``library.cpp`` (the ``fusedops_cuda`` namespace), every op's ``<op>_bindings.cpp`` (found by
+glob: each registers ``torch.ops.fusedops_cuda.<function>`` for its op's launchers as a library
+fragment) and every ``<op>.cu``; ``kernels/cuda/<op>.py`` allocates outputs and calls them.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ def kernel_sources() -> list[Path]:
     return sorted(SOURCE_DIR.glob("*.cu"))
 
 
-def binding_source() -> Path:
-    """The C++ file holding the TORCH_LIBRARY registration (shared by the ops)."""
-    return SOURCE_DIR / "bindings.cpp"
+def library_source() -> Path:
+    """The C++ file claiming the ``fusedops_cuda`` namespace (TORCH_LIBRARY; it defines no op)."""
+    return SOURCE_DIR / "library.cpp"
 
 
 def binding_sources() -> list[Path]:
-    """bindings.cpp, then every op's own ``<op>_bindings.cpp`` (TORCH_LIBRARY_FRAGMENTs), sorted."""
-    return [binding_source(), *sorted(SOURCE_DIR.glob("*_bindings.cpp"))]
+    """library.cpp, then every op's ``<op>_bindings.cpp`` (TORCH_LIBRARY_FRAGMENTs), sorted."""
+    return [library_source(), *sorted(SOURCE_DIR.glob("*_bindings.cpp"))]
 
 
 def cache_dir() -> Path:

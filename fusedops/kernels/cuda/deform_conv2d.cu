@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "deform_conv2d.h"
 
 namespace fusedops {
 namespace {

@@ -1,5 +1,5 @@
 // Torch binding of the deform_conv2d launchers (deform_conv2d.cu): a fragment of the
-// fusedops_cuda library (bindings.cpp holds its TORCH_LIBRARY). Unwraps and checks the tensors
+// fusedops_cuda library (library.cpp holds its TORCH_LIBRARY). Unwraps and checks the tensors
 // that kernels/cuda/deform_conv2d.py allocates and passes in, and launches on the current
 // stream. `geometry` is [offset_groups, kh, kw, h_out, w_out, stride_h, stride_w, pad_h, pad_w,
 // dil_h, dil_w]; B, C, H, W come from the input (grad_input for segment_gather).
@@ -10,7 +10,7 @@
 #include <torch/library.h>
 
 #include "bindings.h"
-#include "launchers.h"
+#include "deform_conv2d.h"
 
 namespace {
 

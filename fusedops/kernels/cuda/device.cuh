@@ -4,7 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "launchers.h"
+#include "dtype.h"
 
 namespace fusedops {
 

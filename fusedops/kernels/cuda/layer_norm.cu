@@ -18,7 +18,7 @@
 //   (RMSNorm: c2 = 0). dweight/dbias in two deterministic stages: each block writes one fp32
 //   partial row (blocks = partial rows, chosen by the caller), then column_sum_kernel adds the
 //   partial rows in order. No atomics: the same bits on every run.
-// RMSNorm variants (NormVariant, launchers.h): xhat rounded to fp16/bf16 before the weight
+// RMSNorm variants (NormVariant, layer_norm.h): xhat rounded to fp16/bf16 before the weight
 //   multiply, y (forward) / dy (backward) in fp32 instead of x's dtype; dweight sums dy times
 //   the rounded xhat.
 //   Register path: block b takes rows b, b + blocks, ... per row slot; the row slots of a block
@@ -29,6 +29,7 @@
 #include <initializer_list>
 
 #include "device.cuh"
+#include "layer_norm.h"
 
 namespace fusedops {
 namespace {

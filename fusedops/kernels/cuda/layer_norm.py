@@ -1,6 +1,6 @@
-"""LayerNorm and RMSNorm on the CUDA extension: one call per direction into bindings.cpp, which
-allocates the outputs and workspaces and calls layer_norm.cu's launchers (same algorithm as the
-Triton kernels; see layer_norm.cu).
+"""LayerNorm and RMSNorm on the CUDA extension: one call per direction into
+layer_norm_bindings.cpp, which allocates the outputs and workspaces and calls layer_norm.cu's
+launchers (same algorithm as the Triton kernels; see layer_norm.cu).
 
 The kernels read weight and bias in fp32 or in x's dtype (one dtype for both) and write
 dweight/dbias in that dtype; other parameter dtypes are converted to fp32 here, and their

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "nms.h"
 
 namespace fusedops {
 namespace {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "quick_gelu.h"
 
 namespace fusedops {
 namespace {

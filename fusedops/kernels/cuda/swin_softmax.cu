@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "swin_softmax.h"
 
 namespace fusedops {
 namespace {

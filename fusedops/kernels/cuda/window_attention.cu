@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "window_attention.h"
 
 namespace fusedops {
 namespace {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "device.cuh"
+#include "window_process.h"
 
 namespace fusedops {
 namespace {

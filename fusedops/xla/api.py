@@ -45,6 +45,13 @@ def partial_trace(
     first call also picks its dot library (``fusedops.xla.tune``; ``FUSEDOPS_XLA_CPU_TUNE=0``
     turns that off).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
+
+    Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or
+    ``fully_shard`` (FSDP2) as any module. Inside DDP each region is split at DDP's bucket
+    boundaries, so DDP all-reduces a bucket as soon as its backward program hands its
+    gradients back, while the next programs run; FSDP2's all-gather runs before the traced
+    module's forward (the programs see whole parameters) and its reduce-scatter after the
+    gradients are handed back.
     """
     if backend not in BACKENDS:
         raise ValueError(f"partial_trace: unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -74,6 +81,9 @@ def partial_trace(
     @functools.wraps(fn if not isinstance(fn, torch.nn.Module) else fn.forward)
     def run(*args, **kwargs):
         try:
+            if _ddp_buckets_too_small():
+                with torch._dynamo.config.patch(optimize_ddp=False):
+                    return compiled(*args, **kwargs)
             return compiled(*args, **kwargs)
         except XLATraceError:
             raise
@@ -93,6 +103,19 @@ def partial_trace(
     if isinstance(fn, torch.nn.Module):
         return _TracedModule(fn, run)
     return run
+
+
+def _ddp_buckets_too_small() -> bool:
+    """Whether this call runs inside the forward of a ``DistributedDataParallel`` whose buckets
+    are smaller than its first one (``bucket_cap_mb`` under 1 MiB). Inside DDP's forward Dynamo
+    splits each region at DDP's bucket boundaries (its DDPOptimizer), so each bucket's
+    gradients leave their own backward program and DDP all-reduces them while the next
+    programs run; that split refuses such buckets (an AssertionError), so the region stays
+    whole: DDP then all-reduces every bucket after its one backward program."""
+    if not torch.distributed.is_available():
+        return False
+    ddp = torch.nn.parallel.DistributedDataParallel._get_active_ddp_module()
+    return ddp is not None and ddp.bucket_bytes_cap < torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
 class _TracedModule(torch.nn.Module):

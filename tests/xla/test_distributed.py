@@ -1,0 +1,208 @@
+"""partial_trace and xla_trace under torch.distributed: spawned gloo process groups (2 and 4 ranks,
+CPU), each rank comparing the traced model with the eager one under the same wrapper
+(DistributedDataParallel, FSDP2's fully_shard) on its own random data."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fusedops.testing import assert_close, run_gloo
+
+pytest.importorskip("jax")
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"
+)
+
+#: in each rank: compiled programs cached where the parent's are, no dot-library timing
+ENV = {"FUSEDOPS_XLA_CPU_TUNE": "0"}
+STEPS = 3
+WIDTH = 512  # a WIDTH x WIDTH fp32 layer is 1 MiB: DDP's smallest bucket cap, one bucket each
+
+
+class _Net(nn.Module):
+    """A backbone (traced) and a head (eager) on top of it."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Linear(8, width), nn.GELU(), nn.Linear(width, width), nn.Tanh(),
+            nn.Linear(width, width),
+        )  # fmt: skip
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def _pair(width: int, seed: int) -> tuple[nn.Module, nn.Module]:
+    """(eager model, the same model with its backbone under partial_trace), equal weights."""
+    from fusedops.xla import partial_trace
+
+    torch.manual_seed(seed)
+    eager = _Net(width)
+    traced = copy.deepcopy(eager)
+    traced.backbone = partial_trace(traced.backbone)
+    return eager, traced
+
+
+def _data(seed: int, rank: int, step: int) -> torch.Tensor:
+    generator = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank * 100 + step)
+    return torch.randn(4, 8, generator=generator, device="cpu")
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _assert_same(traced: nn.Module, eager: nn.Module, what: str, where: str) -> None:
+    """Parameters (``what="param"``) or their gradients of the two models agree within fp32
+    roundoff of sums over ``WIDTH`` products."""
+    pairs = list(zip(traced.named_parameters(), eager.named_parameters()))
+    assert pairs
+    for (_, p), (name, q) in pairs:
+        a, b = (p, q) if what == "param" else (p.grad, q.grad)
+        assert (a is None) == (b is None), f"{where} {name}.{what}"
+        if a is None:
+            continue
+        a, b = _full(a), _full(b)
+        scale = float(b.abs().max()) + 1e-30
+        assert_close(a, b, dtype=torch.float32, terms=WIDTH, magnitude=scale, msg=f"{where} {name}")
+
+
+# --------------------------------------------------------------------------------------------
+# partial_trace inside DistributedDataParallel
+
+
+def _record_programs(events: list) -> None:
+    """Log each XLA program call (forward or backward) into ``events``, in this process."""
+    from fusedops.xla.program import JaxProgram
+
+    original = JaxProgram.__call__
+
+    def call(self, args):
+        events.append(("program", self.name))
+        return original(self, args)
+
+    JaxProgram.__call__ = call
+
+
+def _ddp_partial_trace(rank: int, world: int, seed: int) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    eager, traced = _pair(WIDTH, seed)
+    eager = nn.parallel.DistributedDataParallel(eager, bucket_cap_mb=1)
+    traced = nn.parallel.DistributedDataParallel(traced, bucket_cap_mb=1)
+    events: list = []
+    _record_programs(events)
+
+    def hook(state, bucket):
+        events.append(("allreduce", bucket.index()))
+        return allreduce_hook(state, bucket)
+
+    traced.register_comm_hook(dist.group.WORLD, hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, traced)]
+    where = f"ddp rank {rank}/{world} seed {seed}"
+    for step in range(STEPS):
+        x = _data(seed, rank, step)
+        losses = []
+        for model, opt in zip((eager, traced), opts):
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            if model is traced:
+                events.clear()
+            loss.backward()
+            losses.append(loss.detach())
+        assert_close(losses[1], losses[0], dtype=torch.float32, terms=WIDTH, msg=where)
+        _assert_same(traced, eager, "grad", f"{where} step {step}")
+        for opt in opts:
+            opt.step()
+        _assert_same(traced, eager, "param", f"{where} step {step}")
+    # the gradients leave the XLA backward bucket by bucket: DDP's all-reduce of the first
+    # buckets runs before the last backward programs (DDP's buckets split the traced region)
+    # (events: the last step's traced backward)
+    backward = [i for i, e in enumerate(events) if e == ("program", "backward")]
+    reduces = [i for i, e in enumerate(events) if e[0] == "allreduce"]
+    buckets = {e[1] for e in events if e[0] == "allreduce"}
+    assert len(backward) >= 2 and len(reduces) == len(buckets) >= 3, events
+    assert reduces[0] < backward[-1], events
+
+
+def _ddp_no_sync_accumulation(rank: int, world: int, seed: int) -> None:
+    """Two micro-batches, the first under no_sync(): local gradients, then one all-reduce."""
+    eager, traced = _pair(16, seed)
+    eager = nn.parallel.DistributedDataParallel(eager)
+    traced = nn.parallel.DistributedDataParallel(traced)
+    where = f"ddp no_sync rank {rank}/{world} seed {seed}"
+    reduced = []
+    traced.register_comm_hook(None, _counting_hook(reduced))
+    for model in (eager, traced):
+        with model.no_sync():
+            model(_data(seed, rank, 0)).square().mean().backward()
+    assert not reduced
+    _assert_same(traced, eager, "grad", f"{where} local")
+    local = traced.module.head.weight.grad.clone()
+    for model in (eager, traced):
+        model(_data(seed, rank, 1)).square().mean().backward()
+    assert reduced
+    _assert_same(traced, eager, "grad", f"{where} accumulated")
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, traced.module.head.weight.grad)
+    assert all(torch.equal(g, gathered[0]) for g in gathered), where  # synchronised
+    assert not torch.equal(local, traced.module.head.weight.grad)
+
+
+def _counting_hook(calls: list):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(dist.group.WORLD, bucket)
+
+    return hook
+
+
+# --------------------------------------------------------------------------------------------
+# partial_trace inside FSDP2
+
+
+def _fsdp_partial_trace(rank: int, world: int, seed: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    eager, traced = _pair(16, seed)
+    for model in (eager, traced):
+        fully_shard(model.backbone, mesh=mesh)  # the traced module: its own all-gather
+        fully_shard(model, mesh=mesh)
+    assert all(isinstance(p, DTensor) for p in traced.parameters())
+    opts = [torch.optim.Adam(m.parameters(), lr=0.01) for m in (eager, traced)]
+    where = f"fsdp rank {rank}/{world} seed {seed}"
+    for step in range(STEPS):
+        x = _data(seed, rank, step)
+        for model, opt in zip((eager, traced), opts):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+        _assert_same(traced, eager, "grad", f"{where} step {step}")
+        for opt in opts:
+            opt.step()
+    _assert_same(traced, eager, "param", where)
+    assert all(isinstance(p, DTensor) and isinstance(p.grad, DTensor) for p in traced.parameters())
+    assert traced.backbone.stats.programs >= 2  # the backbone did run as XLA programs
+
+
+def _partial_trace_checks(rank: int, world: int, seed: int) -> None:
+    _ddp_partial_trace(rank, world, seed)
+    _ddp_no_sync_accumulation(rank, world, seed)
+    _fsdp_partial_trace(rank, world, seed)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_partial_trace_under_ddp_and_fsdp2(world):
+    seed = int(torch.randint(0, 2**20, ()).item())
+    run_gloo(_partial_trace_checks, world, seed, timeout=120, env=ENV)

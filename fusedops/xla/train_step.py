@@ -21,7 +21,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fusedops.xla import optim_math
+from fusedops.xla import collectives, optim_math
 from fusedops.xla.errors import UnsupportedOpsError, XLATraceError
 
 aten = torch.ops.aten
@@ -32,6 +32,7 @@ class _Recorder:
     """What the traced step did to gradients and parameters."""
 
     params: list  # current (traced) value of each parameter
+    leaves: list = field(default_factory=list)  # the stand-ins the step sees (and their .grad)
     grads: dict = field(default_factory=dict)  # parameter index -> traced gradient
     states: dict = field(default_factory=dict)  # (opt index, param index) -> {name: traced}
     stepped: bool = False
@@ -160,6 +161,7 @@ class XlaTrainStep:
             tuple(opt_key),
             tuple((s[2], s[3]) for s in sig.opt_slots),
             tuple(sig.grad_inputs),
+            collectives.ddp_key(modules),
         )
 
     # ---------------------------------------------------------------------------------- call
@@ -240,6 +242,7 @@ class XlaTrainStep:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
+        from fusedops.xla import lower
         from fusedops.xla.backend import data_dependent_ops
         from fusedops.xla.program import JaxProgram, unsupported_ops
 
@@ -260,8 +263,9 @@ class XlaTrainStep:
             pos += n_lrs
             grads_in = flat[pos : pos + n_grads]
             user = flat[pos + n_grads :]
-            rec = _Recorder(params=list(params))
+            rec = _Recorder(params=list(params), leaves=list(params))
             rec.grads = dict(zip(sig.grad_inputs, grads_in))
+            _push_grads(rec)
             it = iter(state_vals)
             for oi, _, pi, names in sig.opt_slots:
                 rec.states[(oi, pi)] = {n: next(it) for n in names}
@@ -279,6 +283,7 @@ class XlaTrainStep:
                 stack.enter_context(_intercept(rec, modules, opts, sig, lrs))
                 stack.enter_context(torch.enable_grad())
                 result = self.fn(*call_args, **call_kwargs)
+                _pull_grads(rec)
             res_leaves, out_spec = pytree.tree_flatten(result)
             out_info["spec"] = out_spec
             out_info["leaves"] = [_TENSOR if isinstance(x, torch.Tensor) else x for x in res_leaves]
@@ -347,9 +352,18 @@ class XlaTrainStep:
         constants = self._lift(gm)
         layout["mutated"] = _lift_input_mutations(gm, len(example) + len(constants))
         missing = unsupported_ops(gm)
-        if missing:
+        collective_names = lower.op_names(collectives.OPS)
+        if set(missing) - set(collective_names):
             raise UnsupportedOpsError(missing, where="xla_trace")
-        program = JaxProgram(gm, "train_step", views_in_torch=False)
+        if missing:  # XLA programs between the collectives, which torch.distributed runs
+            from fusedops.xla.backend import split_programs
+
+            split = split_programs(
+                gm, lambda sub, name: JaxProgram(sub, f"train_step:{name}", views_in_torch=False)
+            )
+            program = _SplitProgram(split)
+        else:
+            program = JaxProgram(gm, "train_step", views_in_torch=False)
         return _Compiled(program, layout, constants, out_info["spec"], out_info["leaves"])
 
     def _lift(self, gm: torch.fx.GraphModule) -> list:
@@ -377,6 +391,47 @@ class XlaTrainStep:
 
 
 _TENSOR = object()
+
+
+class _SplitProgram:
+    """A step graph split at its collectives: called as a ``JaxProgram`` (a list of input
+    tensors -> a list of output tensors)."""
+
+    def __init__(self, split: torch.fx.GraphModule):
+        self.split = split
+
+    def __call__(self, inputs: list) -> list:
+        return list(self.split(*inputs))
+
+
+def _push_grads(rec: _Recorder) -> None:
+    """Show the traced gradients as the ``.grad`` of the parameters the step sees."""
+    for i, leaf in enumerate(rec.leaves):
+        leaf.grad = rec.grads.get(i)
+
+
+def _pull_grads(rec: _Recorder) -> None:
+    """Take back the ``.grad`` of the parameters the step sees, which it may have changed in
+    place (``dist.all_reduce(p.grad)``, ``p.grad /= n``) or set (``p.grad = ...``)."""
+    for i, leaf in enumerate(rec.leaves):
+        if leaf.grad is None:
+            rec.grads.pop(i, None)
+        else:
+            rec.grads[i] = leaf.grad
+
+
+def _syncing(rec: _Recorder, fn):
+    """``fn`` run on the gradients the step last saw, showing it the ones it leaves."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        _pull_grads(rec)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _push_grads(rec)
+
+    return run
 
 
 def _lift_input_mutations(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
@@ -410,6 +465,7 @@ def _lift_input_mutations(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
 def _intercept(rec: _Recorder, modules, opts, sig, lrs):
     """Patch Tensor.backward, opt.step and zero_grad to act on ``rec`` during the trace."""
     original_backward = torch.Tensor.backward
+    syncing = []  # DDP modules whose forward ran since the last backward, wanting it synced
     index = {id(p): i for i, p in enumerate(sig.params)}
     traced = {id(p): i for i, p in enumerate(rec.params)}
 
@@ -428,6 +484,11 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
             if g is None:
                 continue
             rec.grads[i] = g if rec.grads.get(i) is None else rec.grads[i] + g
+        for ddp in _unique(syncing):  # what DDP's hooks would all-reduce during this backward
+            positions = list(dict.fromkeys(i for _, i in sig.module_params[modules.index(ddp)]))
+            averaged = collectives.ddp_average(ddp, [rec.grads.get(i) for i in positions])
+            rec.grads.update((i, g) for i, g in zip(positions, averaged) if g is not None)
+        syncing.clear()
 
     def make_step(oi, opt):
         name = optim_math.kind(opt)
@@ -488,16 +549,17 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
     patched = []  # (object, attribute, previous instance attribute or _MISSING)
     original_clip = torch.nn.utils.clip_grad_norm_
     try:
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        torch.Tensor.backward = backward
+        torch.nn.utils.clip_grad_norm_ = _syncing(rec, clip_grad_norm_)
+        torch.Tensor.backward = _syncing(rec, backward)
         for oi, opt in enumerate(opts):
             for attr, value in (("step", make_step(oi, opt)), ("zero_grad", zero_grad)):
                 patched.append((opt, attr, opt.__dict__.get(attr, _MISSING)))
-                setattr(opt, attr, value)
+                setattr(opt, attr, _syncing(rec, value))
         for m in modules:
             patched.append((m, "zero_grad", m.__dict__.get("zero_grad", _MISSING)))
-            m.zero_grad = zero_grad
-        yield
+            m.zero_grad = _syncing(rec, zero_grad)
+        with collectives.traced_distributed(syncing.append):
+            yield
     finally:
         torch.Tensor.backward = original_backward
         torch.nn.utils.clip_grad_norm_ = original_clip

@@ -49,6 +49,7 @@ class _Signature:
     groups: list  # (opt index, group index)
     module_params: list  # per module: [(name, param index)]
     grad_inputs: list  # parameter indices whose .grad enters the step
+    scalers: list = field(default_factory=list)  # enabled torch.amp.GradScalers passed in
 
 
 def _unique(items):
@@ -130,6 +131,12 @@ class XlaTrainStep:
                     slots.append((oi, gi, index[id(p)], optim_math.state_names(name, group, state)))
         grad_inputs = [i for i, p in enumerate(params) if p.grad is not None]
         sig = _Signature(params, buffers, buffer_names, slots, groups, module_params, grad_inputs)
+        sig.scalers = _unique(
+            x for x in leaves if isinstance(x, torch.amp.GradScaler) and x.is_enabled()
+        )
+        for scaler in sig.scalers:
+            if scaler._scale is None:  # what its first scale() does
+                scaler._lazy_init_scale_growth_tracker(params[0].device if params else "cpu")
         return modules, opts, sig
 
     def _key(self, leaves, modules, opts, sig):
@@ -162,6 +169,10 @@ class XlaTrainStep:
             tuple((s[2], s[3]) for s in sig.opt_slots),
             tuple(sig.grad_inputs),
             collectives.ddp_key(modules),
+            tuple(
+                (s._growth_factor, s._backoff_factor, s._growth_interval, s._scale.device)
+                for s in sig.scalers
+            ),
         )
 
     # ---------------------------------------------------------------------------------- call
@@ -194,8 +205,9 @@ class XlaTrainStep:
             for oi, gi in sig.groups
         ]
         grads = [sig.params[i].grad for i in sig.grad_inputs]
+        scalers = [t for s in sig.scalers for t in (s._scale, s._growth_tracker)]
         user = [x for x in leaves if isinstance(x, torch.Tensor)]
-        return [*sig.params, *sig.buffers, *states, *lrs, *grads, *user, *constants]
+        return [*sig.params, *sig.buffers, *states, *lrs, *grads, *scalers, *user, *constants]
 
     def _run(self, compiled, leaves, opts, sig):
         inputs = self._inputs(leaves, opts, sig, compiled.constants)
@@ -249,6 +261,7 @@ class XlaTrainStep:
         n_params, n_buffers = len(sig.params), len(sig.buffers)
         n_states = sum(len(s[3]) for s in sig.opt_slots)
         n_lrs, n_grads = len(sig.groups), len(sig.grad_inputs)
+        n_scalers = 2 * len(sig.scalers)
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         layout: dict = {}
         out_info: dict = {}
@@ -262,7 +275,9 @@ class XlaTrainStep:
             lrs = flat[pos : pos + n_lrs]
             pos += n_lrs
             grads_in = flat[pos : pos + n_grads]
-            user = flat[pos + n_grads :]
+            pos += n_grads
+            scaler_vals = flat[pos : pos + n_scalers]
+            user = flat[pos + n_scalers :]
             rec = _Recorder(params=list(params), leaves=list(params))
             rec.grads = dict(zip(sig.grad_inputs, grads_in))
             _push_grads(rec)
@@ -280,7 +295,7 @@ class XlaTrainStep:
                         {name: buffers[bi] for (mj, name, bi) in sig.buffer_names if mj == mi}
                     )
                     stack.enter_context(_reparametrize_module(m, mapping, strict=False))
-                stack.enter_context(_intercept(rec, modules, opts, sig, lrs))
+                stack.enter_context(_intercept(rec, modules, opts, sig, lrs, scaler_vals))
                 stack.enter_context(torch.enable_grad())
                 result = self.fn(*call_args, **call_kwargs)
                 _pull_grads(rec)
@@ -462,8 +477,9 @@ def _lift_input_mutations(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def _intercept(rec: _Recorder, modules, opts, sig, lrs):
-    """Patch Tensor.backward, opt.step and zero_grad to act on ``rec`` during the trace."""
+def _intercept(rec: _Recorder, modules, opts, sig, lrs, scaler_vals):
+    """Patch Tensor.backward, opt.step, zero_grad and the GradScalers' methods to act on
+    ``rec`` during the trace (``scaler_vals``: each scaler's traced scale and growth tracker)."""
     original_backward = torch.Tensor.backward
     syncing = []  # DDP modules whose forward ran since the last backward, wanting it synced
     index = {id(p): i for i, p in enumerate(sig.params)}
@@ -522,6 +538,88 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
 
         return step
 
+    steppers = {oi: make_step(oi, opt) for oi, opt in enumerate(opts)}
+
+    def opt_index(optimizer) -> int:
+        for oi, opt in enumerate(opts):
+            if opt is optimizer:
+                return oi
+        raise XLATraceError(
+            "xla_trace: the GradScaler steps an optimizer not passed to the step; pass it as an "
+            "argument"
+        )
+
+    def make_scaler(scaler, scale, tracker):
+        """GradScaler's scale / unscale_ / step / update on the traced scale and tracker, as
+        torch's (its CPU kernels' math): a step with an inf/NaN gradient keeps the old
+        parameters and optimizer state (a select instead of torch's skip)."""
+        found = {}  # optimizer index -> traced found_inf (0 or 1)
+
+        def scale_(outputs):
+            if not isinstance(outputs, torch.Tensor):
+                raise XLATraceError("xla_trace: GradScaler.scale() of non-tensors is unsupported")
+            return outputs * scale.to(outputs.device)
+
+        def unscale_(optimizer):
+            oi = opt_index(optimizer)
+            if oi in found:
+                raise XLATraceError(
+                    "xla_trace: unscale_() has already been called on this optimizer since the "
+                    "last update()"
+                )
+            # g / scale where torch multiplies by 1/scale: the same for the power-of-two
+            # scales GradScaler keeps, and XLA:CPU flushes 1/scale to zero once it is
+            # subnormal (scales above 2**126)
+            flag = torch.zeros((), dtype=torch.float32, device=scale.device)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    pi = index[id(p)]
+                    g = rec.grads.get(pi)
+                    if g is None:
+                        continue
+                    bad = torch.logical_not(torch.isfinite(g)).any().to(flag.dtype)
+                    flag = torch.maximum(flag, bad.to(flag.device))
+                    rec.grads[pi] = g / scale.to(g.device)
+            found[oi] = flag
+
+        def step(optimizer, *args, **kwargs):
+            oi = opt_index(optimizer)
+            if oi not in found:
+                unscale_(optimizer)
+            skip = found[oi] > 0
+            slots = [(o, pi) for o, _, pi, _ in sig.opt_slots if o == oi]
+            old_params = {pi: rec.params[pi] for _, pi in slots}
+            old_states = {k: dict(rec.states[k]) for k in slots}
+            result = steppers[oi](*args, **kwargs)
+            for key in slots:
+                pi = key[1]
+                if rec.params[pi] is not old_params[pi]:
+                    keep = old_params[pi].detach()
+                    rec.params[pi] = torch.where(skip.to(keep.device), keep, rec.params[pi])
+                rec.states[key] = {
+                    n: v
+                    if old_states[key].get(n) is None
+                    else torch.where(skip.to(v.device), old_states[key][n], v)
+                    for n, v in rec.states[key].items()
+                }
+            return result
+
+        def update(new_scale=None):
+            if new_scale is not None:
+                raise XLATraceError("xla_trace: GradScaler.update(new_scale) is unsupported")
+            if not found:
+                raise XLATraceError("xla_trace: no inf checks were recorded prior to update()")
+            inf = torch.stack(list(found.values())).sum() > 0
+            grown = tracker + 1
+            grow = grown == scaler._growth_interval
+            larger = scale * scaler._growth_factor
+            bigger = torch.where(grow & torch.isfinite(larger), larger, scale)
+            scale.copy_(torch.where(inf, scale * scaler._backoff_factor, bigger))
+            tracker.copy_(torch.where(inf | grow, torch.zeros_like(grown), grown))
+            found.clear()
+
+        return {"scale": scale_, "unscale_": unscale_, "step": step, "update": update}
+
     def zero_grad(set_to_none: bool = True):
         if set_to_none:
             rec.grads.clear()
@@ -552,12 +650,17 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
         torch.nn.utils.clip_grad_norm_ = _syncing(rec, clip_grad_norm_)
         torch.Tensor.backward = _syncing(rec, backward)
         for oi, opt in enumerate(opts):
-            for attr, value in (("step", make_step(oi, opt)), ("zero_grad", zero_grad)):
+            for attr, value in (("step", steppers[oi]), ("zero_grad", zero_grad)):
                 patched.append((opt, attr, opt.__dict__.get(attr, _MISSING)))
                 setattr(opt, attr, _syncing(rec, value))
         for m in modules:
             patched.append((m, "zero_grad", m.__dict__.get("zero_grad", _MISSING)))
             m.zero_grad = _syncing(rec, zero_grad)
+        for si, scaler in enumerate(sig.scalers):
+            methods = make_scaler(scaler, scaler_vals[2 * si], scaler_vals[2 * si + 1])
+            for attr, value in methods.items():
+                patched.append((scaler, attr, scaler.__dict__.get(attr, _MISSING)))
+                setattr(scaler, attr, _syncing(rec, value))
         with collectives.traced_distributed(syncing.append):
             yield
     finally:

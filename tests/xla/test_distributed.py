@@ -196,13 +196,119 @@ def _fsdp_partial_trace(rank: int, world: int, seed: int) -> None:
     assert traced.backbone.stats.programs >= 2  # the backbone did run as XLA programs
 
 
-def _partial_trace_checks(rank: int, world: int, seed: int) -> None:
-    _ddp_partial_trace(rank, world, seed)
-    _ddp_no_sync_accumulation(rank, world, seed)
-    _fsdp_partial_trace(rank, world, seed)
+# --------------------------------------------------------------------------------------------
+# xla_trace of a step with a DDP model, or with its own all_reduce of the gradients
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_partial_trace_under_ddp_and_fsdp2(world):
+def _ddp_step(x, y, *, model, opt, scaler=None):
+    loss = nn.functional.cross_entropy(model(x), y)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)  # unscale_ checks the gradients DDP has all-reduced
+        scaler.update()
+    opt.zero_grad()
+    return loss
+
+
+def _all_reduce_step(x, y, *, model, opt, scaler=None):
+    """The pattern without DDP: all-reduce each gradient, then average."""
+    loss = nn.functional.cross_entropy(model(x), y)
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
+    opt.zero_grad()
+    return loss
+
+
+def _optimizer(name: str, params):
+    from fusedops.optim import FusedAdam, FusedAdamW
+
+    return {
+        "sgd": lambda: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+        "adam": lambda: torch.optim.Adam(params, lr=0.01),
+        "fused_adam": lambda: FusedAdam(params, lr=0.01, backend="reference"),
+        "fused_adamw": lambda: FusedAdamW(params, lr=0.01, weight_decay=0.01, backend="reference"),
+    }[name]()
+
+
+def _xla_trace_case(rank, world, seed, pattern, opt_name, scaled) -> None:
+    from fusedops.xla import xla_trace
+
+    torch.manual_seed(seed)
+    base = nn.Sequential(
+        nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4)
+    )  # BatchNorm: DDP broadcasts rank 0's running stats at each forward
+    eager, traced = base, copy.deepcopy(base)
+    if pattern == "ddp":
+        eager = nn.parallel.DistributedDataParallel(eager)
+        traced = nn.parallel.DistributedDataParallel(traced)
+    fn = _ddp_step if pattern == "ddp" else _all_reduce_step
+    step = xla_trace(fn)
+    opts = [_optimizer(opt_name, m.parameters()) for m in (eager, traced)]
+    scalers = [
+        torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=2) if scaled else None
+        for _ in range(2)
+    ]
+    where = f"xla_trace {pattern}/{opt_name}/scaled={scaled} rank {rank}/{world} seed {seed}"
+    for i in range(STEPS):
+        x = _data(seed, rank, i)
+        y = torch.randint(0, 4, (4,), generator=torch.Generator().manual_seed(seed + i))
+        if scaled and i == 1 and rank == world - 1:
+            x[0, 0] = float("inf")  # one rank overflows: every rank must skip (after reduction)
+        expected = fn(x, y, model=eager, opt=opts[0], scaler=scalers[0])
+        loss = step(x, y, model=traced, opt=opts[1], scaler=scalers[1])
+        assert_close(loss, expected, dtype=torch.float32, terms=16, msg=f"{where} loss {i}")
+        if scaled:
+            assert torch.equal(scalers[1]._scale, scalers[0]._scale), where
+    if scaled:
+        assert scalers[1].get_scale() == 2.0**15, where  # backed off once, grown once
+    _assert_same(traced, eager, "param", where)
+    for a, b in zip(traced.buffers(), eager.buffers()):
+        assert_close(a, b, dtype=torch.float32, terms=16, msg=f"{where} buffer")
+    gathered = [torch.empty_like(p) for p in (next(traced.parameters()),) for _ in range(world)]
+    dist.all_gather(gathered, next(traced.parameters()).detach())
+    assert all(torch.equal(g, gathered[0]) for g in gathered), where  # ranks in step
+    assert step.programs == 1
+    split = next(iter(step._compiled.values())).program.split  # XLA programs between collectives
+    assert sum(1 for n, _ in split.named_children() if n.startswith("fused_")) >= 2, where
+
+
+#: per world size, what its one process group runs (one spawn each: a rank's first trace and
+#: compile cost most of its time): partial_trace checks, then xla_trace cases (pattern,
+#: optimizer, GradScaler); together both sizes cover every pattern and optimizer, scaled too
+PLANS = {
+    2: (
+        (_ddp_partial_trace, _ddp_no_sync_accumulation, _fsdp_partial_trace),
+        (
+            ("ddp", "fused_adamw", False),
+            ("all_reduce", "adam", True),
+            ("all_reduce", "fused_adam", False),
+        ),
+    ),
+    4: (
+        (_ddp_no_sync_accumulation, _fsdp_partial_trace),
+        (("ddp", "sgd", True),),
+    ),
+}
+
+
+def _checks(rank: int, world: int, seed: int) -> None:
+    partial, cases = PLANS[world]
+    for check in partial:
+        check(rank, world, seed)
+    for case in cases:
+        _xla_trace_case(rank, world, seed, *case)
+
+
+@pytest.mark.parametrize("world", sorted(PLANS))
+def test_partial_trace_and_xla_trace_on_gloo(world):
     seed = int(torch.randint(0, 2**20, ()).item())
-    run_gloo(_partial_trace_checks, world, seed, timeout=120, env=ENV)
+    run_gloo(_checks, world, seed, timeout=150, env=ENV)

@@ -5,6 +5,9 @@ functionalized). During the trace the modules' parameters and buffers are graph 
 ``loss.backward()`` becomes ``torch.autograd.grad`` on them, ``opt.step()`` becomes
 ``optim_math.update`` (torch.optim's math), ``opt.zero_grad()`` clears the traced gradients and
 ``torch.nn.utils.clip_grad_norm_`` clips them.
+A step with collectives (a DDP model, ``torch.distributed.all_reduce``) is split into XLA
+programs at each of them (``collectives``); a GradScaler's scale and growth tracker are inputs
+written back like buffers.
 Each call runs the program and writes new parameters, buffers and optimizer state back in place,
 in torch.optim's state layout, so ``state_dict()`` and LR schedulers keep working; each param
 group's ``lr`` is an input, so changing it never recompiles.
@@ -687,6 +690,14 @@ def xla_trace(step_fn=None, *, capture_as_const: bool = False):
     place as eager would. ``capture_as_const=True``
     bakes closed-over tensors in as constants (else they are read each call).
     Usable as ``@xla_trace`` or ``@xla_trace(capture_as_const=True)``.
+
+    A ``torch.amp.GradScaler`` passed as an argument (``scaler.scale(loss).backward()``,
+    ``scaler.unscale_(opt)``, ``scaler.step(opt)``, ``scaler.update()``) runs inside the
+    program: a step with inf/NaN gradients keeps the old parameters and state. The step may
+    read and change ``p.grad``. Data-parallel (``fusedops.xla.collectives``): a
+    ``DistributedDataParallel`` model averages its gradients in ``backward()`` as DDP does, and
+    ``torch.distributed.all_reduce`` calls in the step run through torch.distributed between
+    the XLA programs the step is split into at each collective.
     """
     if step_fn is None:
         return functools.partial(xla_trace, capture_as_const=capture_as_const)

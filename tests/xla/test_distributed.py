@@ -133,10 +133,11 @@ def _ddp_partial_trace(rank: int, world: int, seed: int) -> None:
 
 
 def _ddp_no_sync_accumulation(rank: int, world: int, seed: int) -> None:
-    """Two micro-batches, the first under no_sync(): local gradients, then one all-reduce."""
+    """Two micro-batches, the first under no_sync(): local gradients, then one all-reduce.
+    Buckets under DDP's first (1 MiB), which Dynamo's bucket split refuses: one region."""
     eager, traced = _pair(16, seed)
-    eager = nn.parallel.DistributedDataParallel(eager)
-    traced = nn.parallel.DistributedDataParallel(traced)
+    eager = nn.parallel.DistributedDataParallel(eager, bucket_cap_mb=0.001)
+    traced = nn.parallel.DistributedDataParallel(traced, bucket_cap_mb=0.001)
     where = f"ddp no_sync rank {rank}/{world} seed {seed}"
     reduced = []
     traced.register_comm_hook(None, _counting_hook(reduced))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -126,6 +127,31 @@ class _TracedModule(torch.nn.Module):
         self.module = module
         self._run = run
         self.stats = run.stats
+        self._checked_sharding = False
 
     def forward(self, *args, **kwargs):
+        if not self._checked_sharding:
+            self._checked_sharding = True
+            _warn_inner_fsdp(self.module)
         return self._run(*args, **kwargs)
+
+
+def _warn_inner_fsdp(module: torch.nn.Module) -> None:
+    """Warn when FSDP2 (``fully_shard``) shards ``module`` or modules inside it: its hooks run
+    inside the traced region, where Dynamo breaks the graph at each of them, so those layers
+    run eagerly."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [
+        name or "(the module)" for name, m in module.named_modules() if isinstance(m, FSDPModule)
+    ]
+    if sharded:
+        warnings.warn(
+            f"partial_trace: fully_shard (FSDP2) was applied inside the traced module "
+            f"({', '.join(sharded[:4])}{', ...' if len(sharded) > 4 else ''}); its hooks break "
+            "the graph, so those layers run eagerly. Apply fully_shard to the module "
+            "partial_trace returns, or to its parents, instead",
+            stacklevel=5,  # the caller of the module
+        )

@@ -101,9 +101,20 @@ def ddp_modules(modules) -> list:
 def ddp_key(modules) -> tuple:
     """What of the DDP modules' settings shapes a traced step."""
     return tuple(
-        (m.require_backward_grad_sync, m.bucket_bytes_cap, m.broadcast_buffers)
+        (
+            m.require_backward_grad_sync,
+            m.require_forward_param_sync,
+            m.bucket_bytes_cap,
+            _syncs_buffers(m),
+        )
         for m in ddp_modules(modules)
     )
+
+
+def _syncs_buffers(ddp) -> bool:
+    """Whether ``ddp`` broadcasts rank 0's buffers before a forward (torch 2.13 names it
+    ``forward_sync_buffers``; ``broadcast_buffers`` before)."""
+    return bool(getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", False)))
 
 
 def ddp_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
@@ -141,28 +152,34 @@ def ddp_average(ddp, grads: list) -> list:
 @contextlib.contextmanager
 def traced_distributed(on_ddp_forward):
     """During a step's trace: ``torch.distributed.all_reduce`` records a collective, and a DDP
-    module's forward runs its module directly (after broadcasting its buffers from rank 0 when
-    DDP would), calling ``on_ddp_forward(ddp)`` when its backward is to synchronise."""
+    module's forward runs its module directly, calling ``on_ddp_forward(ddp)`` when its
+    backward is to synchronise. As DDP does, a forward first broadcasts rank 0's buffers
+    when the previous forward was one that synchronises (not under ``no_sync()``). Yields
+    {DDP module: its ``require_forward_param_sync`` after the step}, for the caller to set
+    after each call of the compiled step (the trace leaves the modules as they were)."""
+    after: dict = {}
     if not dist.is_available():
-        yield
+        yield after
         return
     ddp_cls = torch.nn.parallel.DistributedDataParallel
     original_all_reduce, original_forward = dist.all_reduce, ddp_cls.forward
 
     def forward(self, *args, **kwargs):
-        if self.broadcast_buffers and self.require_forward_param_sync:
+        if _syncs_buffers(self) and after.get(self, self.require_forward_param_sync):
             name = _group_name(self.process_group)
             with torch.no_grad():
                 for b in self.module.buffers():
                     b.copy_(broadcast(b, 0, name))
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        syncing = torch.is_grad_enabled() and self.require_backward_grad_sync
+        after[self] = syncing
+        if syncing:
             on_ddp_forward(self)
         return self.module(*args, **kwargs)
 
     dist.all_reduce = _traced_all_reduce
     ddp_cls.forward = forward
     try:
-        yield
+        yield after
     finally:
         dist.all_reduce = original_all_reduce
         ddp_cls.forward = original_forward

@@ -39,6 +39,7 @@ class _Recorder:
     grads: dict = field(default_factory=dict)  # parameter index -> traced gradient
     states: dict = field(default_factory=dict)  # (opt index, param index) -> {name: traced}
     stepped: bool = False
+    ddp_forward_sync: dict = field(default_factory=dict)  # DDP module index -> flag after the step
 
 
 @dataclass
@@ -197,7 +198,7 @@ class XlaTrainStep:
                     "each new input shape, dtype or mode recompiles",
                     stacklevel=2,
                 )
-        return self._run(compiled, leaves, opts, sig)
+        return self._run(compiled, leaves, modules, opts, sig)
 
     def _inputs(self, leaves, opts, sig, constants):
         states = [
@@ -212,7 +213,7 @@ class XlaTrainStep:
         user = [x for x in leaves if isinstance(x, torch.Tensor)]
         return [*sig.params, *sig.buffers, *states, *lrs, *grads, *scalers, *user, *constants]
 
-    def _run(self, compiled, leaves, opts, sig):
+    def _run(self, compiled, leaves, modules, opts, sig):
         inputs = self._inputs(leaves, opts, sig, compiled.constants)
         outs = compiled.program(inputs)
         layout = compiled.layout
@@ -243,6 +244,8 @@ class XlaTrainStep:
             for index in layout["mutated"]:
                 inputs[index].copy_(outs[pos])
                 pos += 1
+        for mi, value in layout["ddp_forward_sync"].items():  # as DDP's forwards leave it
+            modules[mi].require_forward_param_sync = value
         if layout["stepped"]:
             for opt in opts:
                 opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
@@ -309,6 +312,7 @@ class XlaTrainStep:
             changed = [i for i, p in enumerate(rec.params) if p is not params[i]]
             layout["user"] = len(user_out)
             layout["stepped"] = rec.stepped
+            layout["ddp_forward_sync"] = rec.ddp_forward_sync
             layout["new_params"] = changed
             layout["state_names"] = {}
             new_states = []
@@ -664,8 +668,9 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs, scaler_vals):
             for attr, value in methods.items():
                 patched.append((scaler, attr, scaler.__dict__.get(attr, _MISSING)))
                 setattr(scaler, attr, _syncing(rec, value))
-        with collectives.traced_distributed(syncing.append):
+        with collectives.traced_distributed(syncing.append) as forward_sync:
             yield
+            rec.ddp_forward_sync = {modules.index(m): v for m, v in forward_sync.items()}
     finally:
         torch.Tensor.backward = original_backward
         torch.nn.utils.clip_grad_norm_ = original_clip

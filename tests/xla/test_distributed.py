@@ -51,9 +51,9 @@ def _pair(width: int, seed: int) -> tuple[nn.Module, nn.Module]:
     return eager, traced
 
 
-def _data(seed: int, rank: int, step: int) -> torch.Tensor:
+def _data(seed: int, rank: int, step: int, rows: int = 4) -> torch.Tensor:
     generator = torch.Generator(device="cpu").manual_seed(seed * 1000 + rank * 100 + step)
-    return torch.randn(4, 8, generator=generator, device="cpu")
+    return torch.randn(rows, 8, generator=generator, device="cpu")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -223,6 +223,20 @@ def _ddp_step(x, y, *, model, opt, scaler=None):
     return loss
 
 
+def _ddp_accumulate_step(x, y, *, model, opt, scaler=None):
+    """Gradient accumulation in one step: the first half-batch under no_sync() (local
+    gradients), the second synchronised (DDP all-reduces the accumulated gradients)."""
+    assert scaler is None
+    half = x.shape[0] // 2
+    with model.no_sync():
+        nn.functional.cross_entropy(model(x[:half]), y[:half]).backward()
+    loss = nn.functional.cross_entropy(model(x[half:]), y[half:])
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 def _all_reduce_step(x, y, *, model, opt, scaler=None):
     """The pattern without DDP: all-reduce each gradient, then average."""
     loss = nn.functional.cross_entropy(model(x), y)
@@ -258,10 +272,10 @@ def _xla_trace_case(rank, world, seed, pattern, opt_name, scaled) -> None:
         nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16), nn.GELU(), nn.Linear(16, 4)
     )  # BatchNorm: DDP broadcasts rank 0's running stats at each forward
     eager, traced = base, copy.deepcopy(base)
-    if pattern == "ddp":
+    if pattern.startswith("ddp"):
         eager = nn.parallel.DistributedDataParallel(eager)
         traced = nn.parallel.DistributedDataParallel(traced)
-    fn = _ddp_step if pattern == "ddp" else _all_reduce_step
+    fn = {"ddp": _ddp_step, "ddp_accumulate": _ddp_accumulate_step}.get(pattern, _all_reduce_step)
     step = xla_trace(fn)
     opts = [_optimizer(opt_name, m.parameters()) for m in (eager, traced)]
     scalers = [
@@ -270,8 +284,8 @@ def _xla_trace_case(rank, world, seed, pattern, opt_name, scaled) -> None:
     ]
     where = f"xla_trace {pattern}/{opt_name}/scaled={scaled} rank {rank}/{world} seed {seed}"
     for i in range(STEPS):
-        x = _data(seed, rank, i)
-        y = torch.randint(0, 4, (4,), generator=torch.Generator().manual_seed(seed + i))
+        x = _data(seed, rank, i, rows=8)  # BatchNorm over 4 rows in a half-batch
+        y = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(seed + i))
         if scaled and i == 1 and rank == world - 1:
             x[0, 0] = float("inf")  # one rank overflows: every rank must skip (after reduction)
         expected = fn(x, y, model=eager, opt=opts[0], scaler=scalers[0])
@@ -299,7 +313,7 @@ PLANS = {
     2: (
         (_ddp_partial_trace, _ddp_no_sync_accumulation, _fsdp_partial_trace),
         (
-            ("ddp", "fused_adamw", False),
+            ("ddp_accumulate", "fused_adamw", False),
             ("all_reduce", "adam", True),
             ("all_reduce", "fused_adam", False),
         ),

@@ -285,7 +285,9 @@ def _xla_trace_case(rank, world, seed, pattern, opt_name, scaled) -> None:
     where = f"xla_trace {pattern}/{opt_name}/scaled={scaled} rank {rank}/{world} seed {seed}"
     for i in range(STEPS):
         x = _data(seed, rank, i, rows=8)  # BatchNorm over 4 rows in a half-batch
-        y = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(seed + i))
+        y = torch.randint(
+            0, 4, (8,), generator=torch.Generator().manual_seed(seed + i), device="cpu"
+        )
         if scaled and i == 1 and rank == world - 1:
             x[0, 0] = float("inf")  # one rank overflows: every rank must skip (after reduction)
         expected = fn(x, y, model=eager, opt=opts[0], scaler=scalers[0])
@@ -335,5 +337,5 @@ def _checks(rank: int, world: int, seed: int) -> None:
 
 @pytest.mark.parametrize("world", sorted(PLANS))
 def test_partial_trace_and_xla_trace_on_gloo(world):
-    seed = int(torch.randint(0, 2**20, ()).item())
+    seed = int(torch.randint(0, 2**20, (), device="cpu").item())
     run_gloo(_checks, world, seed, timeout=300, env=ENV)  # 33-98 s seen (2-core load 1-16)

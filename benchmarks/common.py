@@ -127,6 +127,13 @@ def append_rows(rows: list[dict], name: str | None = None) -> Path:
     path = RESULTS / f"{gpu_name()}_{name}.csv"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = [{"date": stamp, "gpu": torch.cuda.get_device_name(), **row} for row in rows]
+    return append_csv(path, rows)
+
+
+def append_csv(path: Path, rows: list[dict]) -> Path:
+    """Append ``rows`` (dicts with the same keys) to the CSV file ``path``, with a header
+    first when the file is new; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -2,27 +2,16 @@
 two processes on the gloo backend (CPU), each compared with torch.optim.Adam / AdamW under the
 same wrapping. Uneven shards: FSDP2 splits the 5-row layer 3 + 2."""
 
-import os
-import socket
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from fusedops.dispatch import triton_interpreter
-from fusedops.testing import assert_close, backends_under_test
+from fusedops.testing import assert_close, backends_under_test, run_gloo
 
 WORLD = 2
 STEPS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> nn.Module:
@@ -76,24 +65,10 @@ def _compare(rank: int, wrapping: str, kind: str, backend: str) -> None:
         assert float(opt.state[p]["step"]) == STEPS
 
 
-def _worker(rank: int, port: int, backends: list[str]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        for backend in backends:
-            for wrapping, kind in (("ddp", "adam"), ("fsdp", "adamw")):
-                _compare(rank, wrapping, kind, backend)
-        dist.barrier()  # both ranks done before either tears gloo down
-    finally:
-        dist.destroy_process_group()
-    # Every check passed. About 1 run in 40 on a 2-core machine, a rank then aborted at
-    # interpreter shutdown, after its atexit handlers ("terminate called without an active
-    # exception": a C++ thread destroyed while joinable, in some library's static teardown;
-    # seen with prints after destroy_process_group and in atexit). Skip that teardown: a
-    # failure above still raises before this line and reaches mp.spawn.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _worker(rank: int, world: int, backends: list[str]) -> None:
+    for backend in backends:
+        for wrapping, kind in (("ddp", "adam"), ("fsdp", "adamw")):
+            _compare(rank, wrapping, kind, backend)
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")
@@ -101,4 +76,4 @@ def test_ddp_and_fsdp2_match_torch_on_gloo():
     # gloo runs on CPU tensors: the kernels there only through the Triton interpreter.
     backends = [b for b in backends_under_test() if b == "reference" or triton_interpreter()]
     backends = [b for b in backends if b != "cuda"]
-    mp.spawn(_worker, args=(_free_port(), backends), nprocs=WORLD, join=True)
+    run_gloo(_worker, WORLD, backends, timeout=240)

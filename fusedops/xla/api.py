@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -45,6 +46,13 @@ def partial_trace(
     first call also picks its dot library (``fusedops.xla.tune``; ``FUSEDOPS_XLA_CPU_TUNE=0``
     turns that off).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
+
+    Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or
+    ``fully_shard`` (FSDP2) as any module. Inside DDP each region is split at DDP's bucket
+    boundaries, so DDP all-reduces a bucket as soon as its backward program hands its
+    gradients back, while the next programs run; FSDP2's all-gather runs before the traced
+    module's forward (the programs see whole parameters) and its reduce-scatter after the
+    gradients are handed back.
     """
     if backend not in BACKENDS:
         raise ValueError(f"partial_trace: unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -74,6 +82,9 @@ def partial_trace(
     @functools.wraps(fn if not isinstance(fn, torch.nn.Module) else fn.forward)
     def run(*args, **kwargs):
         try:
+            if _ddp_buckets_too_small():
+                with torch._dynamo.config.patch(optimize_ddp=False):
+                    return compiled(*args, **kwargs)
             return compiled(*args, **kwargs)
         except XLATraceError:
             raise
@@ -95,6 +106,19 @@ def partial_trace(
     return run
 
 
+def _ddp_buckets_too_small() -> bool:
+    """Whether this call runs inside the forward of a ``DistributedDataParallel`` whose buckets
+    are smaller than its first one (``bucket_cap_mb`` under 1 MiB). Inside DDP's forward Dynamo
+    splits each region at DDP's bucket boundaries (its DDPOptimizer), so each bucket's
+    gradients leave their own backward program and DDP all-reduces them while the next
+    programs run; that split refuses such buckets (an AssertionError), so the region stays
+    whole: DDP then all-reduces every bucket after its one backward program."""
+    if not torch.distributed.is_available():
+        return False
+    ddp = torch.nn.parallel.DistributedDataParallel._get_active_ddp_module()
+    return ddp is not None and ddp.bucket_bytes_cap < torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
 class _TracedModule(torch.nn.Module):
     """A module whose calls go through ``partial_trace``; shares the wrapped module's state."""
 
@@ -103,6 +127,31 @@ class _TracedModule(torch.nn.Module):
         self.module = module
         self._run = run
         self.stats = run.stats
+        self._checked_sharding = False
 
     def forward(self, *args, **kwargs):
+        if not self._checked_sharding:
+            self._checked_sharding = True
+            _warn_inner_fsdp(self.module)
         return self._run(*args, **kwargs)
+
+
+def _warn_inner_fsdp(module: torch.nn.Module) -> None:
+    """Warn when FSDP2 (``fully_shard``) shards ``module`` or modules inside it: its hooks run
+    inside the traced region, where Dynamo breaks the graph at each of them, so those layers
+    run eagerly."""
+    if not torch.distributed.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [
+        name or "(the module)" for name, m in module.named_modules() if isinstance(m, FSDPModule)
+    ]
+    if sharded:
+        warnings.warn(
+            f"partial_trace: fully_shard (FSDP2) was applied inside the traced module "
+            f"({', '.join(sharded[:4])}{', ...' if len(sharded) > 4 else ''}); its hooks break "
+            "the graph, so those layers run eagerly. Apply fully_shard to the module "
+            "partial_trace returns, or to its parents, instead",
+            stacklevel=5,  # the caller of the module
+        )

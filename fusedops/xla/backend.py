@@ -163,13 +163,20 @@ def compile_aten(
             "between XLA programs",
             stacklevel=2,
         )
+    split = split_programs(gm, lambda sub, name: _count(stats, JaxProgram(sub, f"{kind}:{name}")))
+    return make_boxed_func(split.forward)
+
+
+def split_programs(gm: torch.fx.GraphModule, make_program) -> torch.fx.GraphModule:
+    """``gm`` split into XLA islands, each run by ``make_program(subgraph, name)`` (a
+    ``JaxProgram``), and the ops without a lowering between them, which torch runs."""
     partitioner = CapabilityBasedPartitioner(gm, _Supported(), allows_single_node_partition=True)
     split = partitioner.partition_and_fuse()
     for name, sub in list(split.named_children()):
         if isinstance(sub, torch.fx.GraphModule) and name.startswith("fused_"):
-            setattr(split, name, _JaxModule(_count(stats, JaxProgram(sub, f"{kind}:{name}"))))
+            setattr(split, name, _JaxModule(make_program(sub, name)))
     split.recompile()
-    return make_boxed_func(split.forward)
+    return split
 
 
 def _boxed(program: JaxProgram):

@@ -118,7 +118,40 @@ def _bool_via_uint8(t: torch.Tensor):
     return jnp.from_dlpack(t.view(torch.uint8)) != 0
 
 
+class _HostView:
+    """A NumPy-importable view of a CPU tensor's memory (``__array_interface__``) that keeps
+    the tensor alive. Unlike ``Tensor.numpy()`` it leaves the storage resizable: ``numpy()``
+    marks it fixed for good, and FSDP2 frees and re-allocates its unsharded parameters'
+    storage (``resize_``) around each forward and backward."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor, typestr: str):
+        self.tensor = t
+        self.__array_interface__ = {
+            "data": (t.data_ptr(), False),
+            "shape": tuple(t.shape),
+            "typestr": typestr,
+            "version": 3,
+        }
+
+
+@functools.cache
+def _typestr(dtype: torch.dtype) -> str:
+    return torch.empty(0, dtype=dtype).numpy().dtype.str
+
+
+def _keeps_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` must cross without pinning its storage (``_HostView``): parameters (their
+    views cached, so the cost is once) and, under torch.distributed, every tensor (FSDP2's
+    saved parameter views among them)."""
+    return isinstance(t, torch.nn.Parameter) or (
+        torch.distributed.is_available() and torch.distributed.is_initialized()
+    )
+
+
 def _import(t: torch.Tensor):
+    keep_storage = t.device.type == "cpu" and _keeps_storage(t)
     t = t.detach()
     if t.is_conj() or t.is_neg():  # lazy conjugate / negative views: materialise them
         t = t.resolve_conj().resolve_neg()
@@ -135,6 +168,8 @@ def _import(t: torch.Tensor):
         return jnp.from_dlpack(t)
     if t.dtype == torch.bfloat16:
         return jnp.from_dlpack(t)
+    if keep_storage and t.numel():
+        return np.asarray(_HostView(t, _typestr(t.dtype)))
     return t.numpy()
 
 

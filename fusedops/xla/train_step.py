@@ -5,6 +5,9 @@ functionalized). During the trace the modules' parameters and buffers are graph 
 ``loss.backward()`` becomes ``torch.autograd.grad`` on them, ``opt.step()`` becomes
 ``optim_math.update`` (torch.optim's math), ``opt.zero_grad()`` clears the traced gradients and
 ``torch.nn.utils.clip_grad_norm_`` clips them.
+A step with collectives (a DDP model, ``torch.distributed.all_reduce``) is split into XLA
+programs at each of them (``collectives``); a GradScaler's scale and growth tracker are inputs
+written back like buffers.
 Each call runs the program and writes new parameters, buffers and optimizer state back in place,
 in torch.optim's state layout, so ``state_dict()`` and LR schedulers keep working; each param
 group's ``lr`` is an input, so changing it never recompiles.
@@ -21,7 +24,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from fusedops.xla import optim_math
+from fusedops.xla import collectives, optim_math
 from fusedops.xla.errors import UnsupportedOpsError, XLATraceError
 
 aten = torch.ops.aten
@@ -32,9 +35,11 @@ class _Recorder:
     """What the traced step did to gradients and parameters."""
 
     params: list  # current (traced) value of each parameter
+    leaves: list = field(default_factory=list)  # the stand-ins the step sees (and their .grad)
     grads: dict = field(default_factory=dict)  # parameter index -> traced gradient
     states: dict = field(default_factory=dict)  # (opt index, param index) -> {name: traced}
     stepped: bool = False
+    ddp_forward_sync: dict = field(default_factory=dict)  # DDP module index -> flag after the step
 
 
 @dataclass
@@ -48,6 +53,7 @@ class _Signature:
     groups: list  # (opt index, group index)
     module_params: list  # per module: [(name, param index)]
     grad_inputs: list  # parameter indices whose .grad enters the step
+    scalers: list = field(default_factory=list)  # enabled torch.amp.GradScalers passed in
 
 
 def _unique(items):
@@ -129,6 +135,12 @@ class XlaTrainStep:
                     slots.append((oi, gi, index[id(p)], optim_math.state_names(name, group, state)))
         grad_inputs = [i for i, p in enumerate(params) if p.grad is not None]
         sig = _Signature(params, buffers, buffer_names, slots, groups, module_params, grad_inputs)
+        sig.scalers = _unique(
+            x for x in leaves if isinstance(x, torch.amp.GradScaler) and x.is_enabled()
+        )
+        for scaler in sig.scalers:
+            if scaler._scale is None:  # what its first scale() does
+                scaler._lazy_init_scale_growth_tracker(params[0].device if params else "cpu")
         return modules, opts, sig
 
     def _key(self, leaves, modules, opts, sig):
@@ -160,6 +172,11 @@ class XlaTrainStep:
             tuple(opt_key),
             tuple((s[2], s[3]) for s in sig.opt_slots),
             tuple(sig.grad_inputs),
+            collectives.ddp_key(modules),
+            tuple(
+                (s._growth_factor, s._backoff_factor, s._growth_interval, s._scale.device)
+                for s in sig.scalers
+            ),
         )
 
     # ---------------------------------------------------------------------------------- call
@@ -181,7 +198,7 @@ class XlaTrainStep:
                     "each new input shape, dtype or mode recompiles",
                     stacklevel=2,
                 )
-        return self._run(compiled, leaves, opts, sig)
+        return self._run(compiled, leaves, modules, opts, sig)
 
     def _inputs(self, leaves, opts, sig, constants):
         states = [
@@ -192,10 +209,11 @@ class XlaTrainStep:
             for oi, gi in sig.groups
         ]
         grads = [sig.params[i].grad for i in sig.grad_inputs]
+        scalers = [t for s in sig.scalers for t in (s._scale, s._growth_tracker)]
         user = [x for x in leaves if isinstance(x, torch.Tensor)]
-        return [*sig.params, *sig.buffers, *states, *lrs, *grads, *user, *constants]
+        return [*sig.params, *sig.buffers, *states, *lrs, *grads, *scalers, *user, *constants]
 
-    def _run(self, compiled, leaves, opts, sig):
+    def _run(self, compiled, leaves, modules, opts, sig):
         inputs = self._inputs(leaves, opts, sig, compiled.constants)
         outs = compiled.program(inputs)
         layout = compiled.layout
@@ -226,6 +244,8 @@ class XlaTrainStep:
             for index in layout["mutated"]:
                 inputs[index].copy_(outs[pos])
                 pos += 1
+        for mi, value in layout["ddp_forward_sync"].items():  # as DDP's forwards leave it
+            modules[mi].require_forward_param_sync = value
         if layout["stepped"]:
             for opt in opts:
                 opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
@@ -240,12 +260,14 @@ class XlaTrainStep:
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.nn.utils.stateless import _reparametrize_module
 
+        from fusedops.xla import lower
         from fusedops.xla.backend import data_dependent_ops
         from fusedops.xla.program import JaxProgram, unsupported_ops
 
         n_params, n_buffers = len(sig.params), len(sig.buffers)
         n_states = sum(len(s[3]) for s in sig.opt_slots)
         n_lrs, n_grads = len(sig.groups), len(sig.grad_inputs)
+        n_scalers = 2 * len(sig.scalers)
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         layout: dict = {}
         out_info: dict = {}
@@ -259,9 +281,12 @@ class XlaTrainStep:
             lrs = flat[pos : pos + n_lrs]
             pos += n_lrs
             grads_in = flat[pos : pos + n_grads]
-            user = flat[pos + n_grads :]
-            rec = _Recorder(params=list(params))
+            pos += n_grads
+            scaler_vals = flat[pos : pos + n_scalers]
+            user = flat[pos + n_scalers :]
+            rec = _Recorder(params=list(params), leaves=list(params))
             rec.grads = dict(zip(sig.grad_inputs, grads_in))
+            _push_grads(rec)
             it = iter(state_vals)
             for oi, _, pi, names in sig.opt_slots:
                 rec.states[(oi, pi)] = {n: next(it) for n in names}
@@ -276,9 +301,10 @@ class XlaTrainStep:
                         {name: buffers[bi] for (mj, name, bi) in sig.buffer_names if mj == mi}
                     )
                     stack.enter_context(_reparametrize_module(m, mapping, strict=False))
-                stack.enter_context(_intercept(rec, modules, opts, sig, lrs))
+                stack.enter_context(_intercept(rec, modules, opts, sig, lrs, scaler_vals))
                 stack.enter_context(torch.enable_grad())
                 result = self.fn(*call_args, **call_kwargs)
+                _pull_grads(rec)
             res_leaves, out_spec = pytree.tree_flatten(result)
             out_info["spec"] = out_spec
             out_info["leaves"] = [_TENSOR if isinstance(x, torch.Tensor) else x for x in res_leaves]
@@ -286,6 +312,7 @@ class XlaTrainStep:
             changed = [i for i, p in enumerate(rec.params) if p is not params[i]]
             layout["user"] = len(user_out)
             layout["stepped"] = rec.stepped
+            layout["ddp_forward_sync"] = rec.ddp_forward_sync
             layout["new_params"] = changed
             layout["state_names"] = {}
             new_states = []
@@ -347,9 +374,18 @@ class XlaTrainStep:
         constants = self._lift(gm)
         layout["mutated"] = _lift_input_mutations(gm, len(example) + len(constants))
         missing = unsupported_ops(gm)
-        if missing:
+        collective_names = lower.op_names(collectives.OPS)
+        if set(missing) - set(collective_names):
             raise UnsupportedOpsError(missing, where="xla_trace")
-        program = JaxProgram(gm, "train_step", views_in_torch=False)
+        if missing:  # XLA programs between the collectives, which torch.distributed runs
+            from fusedops.xla.backend import split_programs
+
+            split = split_programs(
+                gm, lambda sub, name: JaxProgram(sub, f"train_step:{name}", views_in_torch=False)
+            )
+            program = _SplitProgram(split)
+        else:
+            program = JaxProgram(gm, "train_step", views_in_torch=False)
         return _Compiled(program, layout, constants, out_info["spec"], out_info["leaves"])
 
     def _lift(self, gm: torch.fx.GraphModule) -> list:
@@ -377,6 +413,47 @@ class XlaTrainStep:
 
 
 _TENSOR = object()
+
+
+class _SplitProgram:
+    """A step graph split at its collectives: called as a ``JaxProgram`` (a list of input
+    tensors -> a list of output tensors)."""
+
+    def __init__(self, split: torch.fx.GraphModule):
+        self.split = split
+
+    def __call__(self, inputs: list) -> list:
+        return list(self.split(*inputs))
+
+
+def _push_grads(rec: _Recorder) -> None:
+    """Show the traced gradients as the ``.grad`` of the parameters the step sees."""
+    for i, leaf in enumerate(rec.leaves):
+        leaf.grad = rec.grads.get(i)
+
+
+def _pull_grads(rec: _Recorder) -> None:
+    """Take back the ``.grad`` of the parameters the step sees, which it may have changed in
+    place (``dist.all_reduce(p.grad)``, ``p.grad /= n``) or set (``p.grad = ...``)."""
+    for i, leaf in enumerate(rec.leaves):
+        if leaf.grad is None:
+            rec.grads.pop(i, None)
+        else:
+            rec.grads[i] = leaf.grad
+
+
+def _syncing(rec: _Recorder, fn):
+    """``fn`` run on the gradients the step last saw, showing it the ones it leaves."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        _pull_grads(rec)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _push_grads(rec)
+
+    return run
 
 
 def _lift_input_mutations(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
@@ -407,9 +484,11 @@ def _lift_input_mutations(gm: torch.fx.GraphModule, n_inputs: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def _intercept(rec: _Recorder, modules, opts, sig, lrs):
-    """Patch Tensor.backward, opt.step and zero_grad to act on ``rec`` during the trace."""
+def _intercept(rec: _Recorder, modules, opts, sig, lrs, scaler_vals):
+    """Patch Tensor.backward, opt.step, zero_grad and the GradScalers' methods to act on
+    ``rec`` during the trace (``scaler_vals``: each scaler's traced scale and growth tracker)."""
     original_backward = torch.Tensor.backward
+    syncing = []  # DDP modules whose forward ran since the last backward, wanting it synced
     index = {id(p): i for i, p in enumerate(sig.params)}
     traced = {id(p): i for i, p in enumerate(rec.params)}
 
@@ -428,6 +507,11 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
             if g is None:
                 continue
             rec.grads[i] = g if rec.grads.get(i) is None else rec.grads[i] + g
+        for ddp in _unique(syncing):  # what DDP's hooks would all-reduce during this backward
+            positions = list(dict.fromkeys(i for _, i in sig.module_params[modules.index(ddp)]))
+            averaged = collectives.ddp_average(ddp, [rec.grads.get(i) for i in positions])
+            rec.grads.update((i, g) for i, g in zip(positions, averaged) if g is not None)
+        syncing.clear()
 
     def make_step(oi, opt):
         name = optim_math.kind(opt)
@@ -461,6 +545,88 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
 
         return step
 
+    steppers = {oi: make_step(oi, opt) for oi, opt in enumerate(opts)}
+
+    def opt_index(optimizer) -> int:
+        for oi, opt in enumerate(opts):
+            if opt is optimizer:
+                return oi
+        raise XLATraceError(
+            "xla_trace: the GradScaler steps an optimizer not passed to the step; pass it as an "
+            "argument"
+        )
+
+    def make_scaler(scaler, scale, tracker):
+        """GradScaler's scale / unscale_ / step / update on the traced scale and tracker, as
+        torch's (its CPU kernels' math): a step with an inf/NaN gradient keeps the old
+        parameters and optimizer state (a select instead of torch's skip)."""
+        found = {}  # optimizer index -> traced found_inf (0 or 1)
+
+        def scale_(outputs):
+            if not isinstance(outputs, torch.Tensor):
+                raise XLATraceError("xla_trace: GradScaler.scale() of non-tensors is unsupported")
+            return outputs * scale.to(outputs.device)
+
+        def unscale_(optimizer):
+            oi = opt_index(optimizer)
+            if oi in found:
+                raise XLATraceError(
+                    "xla_trace: unscale_() has already been called on this optimizer since the "
+                    "last update()"
+                )
+            # g / scale where torch multiplies by 1/scale: the same for the power-of-two
+            # scales GradScaler keeps, and XLA:CPU flushes 1/scale to zero once it is
+            # subnormal (scales above 2**126)
+            flag = torch.zeros((), dtype=torch.float32, device=scale.device)
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    pi = index[id(p)]
+                    g = rec.grads.get(pi)
+                    if g is None:
+                        continue
+                    bad = torch.logical_not(torch.isfinite(g)).any().to(flag.dtype)
+                    flag = torch.maximum(flag, bad.to(flag.device))
+                    rec.grads[pi] = g / scale.to(g.device)
+            found[oi] = flag
+
+        def step(optimizer, *args, **kwargs):
+            oi = opt_index(optimizer)
+            if oi not in found:
+                unscale_(optimizer)
+            skip = found[oi] > 0
+            slots = [(o, pi) for o, _, pi, _ in sig.opt_slots if o == oi]
+            old_params = {pi: rec.params[pi] for _, pi in slots}
+            old_states = {k: dict(rec.states[k]) for k in slots}
+            result = steppers[oi](*args, **kwargs)
+            for key in slots:
+                pi = key[1]
+                if rec.params[pi] is not old_params[pi]:
+                    keep = old_params[pi].detach()
+                    rec.params[pi] = torch.where(skip.to(keep.device), keep, rec.params[pi])
+                rec.states[key] = {
+                    n: v
+                    if old_states[key].get(n) is None
+                    else torch.where(skip.to(v.device), old_states[key][n], v)
+                    for n, v in rec.states[key].items()
+                }
+            return result
+
+        def update(new_scale=None):
+            if new_scale is not None:
+                raise XLATraceError("xla_trace: GradScaler.update(new_scale) is unsupported")
+            if not found:
+                raise XLATraceError("xla_trace: no inf checks were recorded prior to update()")
+            inf = torch.stack(list(found.values())).sum() > 0
+            grown = tracker + 1
+            grow = grown == scaler._growth_interval
+            larger = scale * scaler._growth_factor
+            bigger = torch.where(grow & torch.isfinite(larger), larger, scale)
+            scale.copy_(torch.where(inf, scale * scaler._backoff_factor, bigger))
+            tracker.copy_(torch.where(inf | grow, torch.zeros_like(grown), grown))
+            found.clear()
+
+        return {"scale": scale_, "unscale_": unscale_, "step": step, "update": update}
+
     def zero_grad(set_to_none: bool = True):
         if set_to_none:
             rec.grads.clear()
@@ -488,16 +654,23 @@ def _intercept(rec: _Recorder, modules, opts, sig, lrs):
     patched = []  # (object, attribute, previous instance attribute or _MISSING)
     original_clip = torch.nn.utils.clip_grad_norm_
     try:
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-        torch.Tensor.backward = backward
+        torch.nn.utils.clip_grad_norm_ = _syncing(rec, clip_grad_norm_)
+        torch.Tensor.backward = _syncing(rec, backward)
         for oi, opt in enumerate(opts):
-            for attr, value in (("step", make_step(oi, opt)), ("zero_grad", zero_grad)):
+            for attr, value in (("step", steppers[oi]), ("zero_grad", zero_grad)):
                 patched.append((opt, attr, opt.__dict__.get(attr, _MISSING)))
-                setattr(opt, attr, value)
+                setattr(opt, attr, _syncing(rec, value))
         for m in modules:
             patched.append((m, "zero_grad", m.__dict__.get("zero_grad", _MISSING)))
-            m.zero_grad = zero_grad
-        yield
+            m.zero_grad = _syncing(rec, zero_grad)
+        for si, scaler in enumerate(sig.scalers):
+            methods = make_scaler(scaler, scaler_vals[2 * si], scaler_vals[2 * si + 1])
+            for attr, value in methods.items():
+                patched.append((scaler, attr, scaler.__dict__.get(attr, _MISSING)))
+                setattr(scaler, attr, _syncing(rec, value))
+        with collectives.traced_distributed(syncing.append) as forward_sync:
+            yield
+            rec.ddp_forward_sync = {modules.index(m): v for m, v in forward_sync.items()}
     finally:
         torch.Tensor.backward = original_backward
         torch.nn.utils.clip_grad_norm_ = original_clip
@@ -522,6 +695,14 @@ def xla_trace(step_fn=None, *, capture_as_const: bool = False):
     place as eager would. ``capture_as_const=True``
     bakes closed-over tensors in as constants (else they are read each call).
     Usable as ``@xla_trace`` or ``@xla_trace(capture_as_const=True)``.
+
+    A ``torch.amp.GradScaler`` passed as an argument (``scaler.scale(loss).backward()``,
+    ``scaler.unscale_(opt)``, ``scaler.step(opt)``, ``scaler.update()``) runs inside the
+    program: a step with inf/NaN gradients keeps the old parameters and state. The step may
+    read and change ``p.grad``. Data-parallel (``fusedops.xla.collectives``): a
+    ``DistributedDataParallel`` model averages its gradients in ``backward()`` as DDP does, and
+    ``torch.distributed.all_reduce`` calls in the step run through torch.distributed between
+    the XLA programs the step is split into at each collective.
     """
     if step_fn is None:
         return functools.partial(xla_trace, capture_as_const=capture_as_const)

@@ -236,3 +236,58 @@ def test_step_with_closure_is_a_clear_error():
     net = models.mlp()
     with pytest.raises(XLATraceError, match="closure"):
         step(random_tensor((2, 8)), net=net, opt=torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def _scaled_step(x, y, *, net, opt, scaler):
+    loss = F.cross_entropy(net(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    return loss
+
+
+@pytest.mark.parametrize("name", ["sgd-momentum", "adam"])
+def test_grad_scaler_growth_and_skipped_steps_match_eager(name):
+    net = models.mlp()
+    ref = copy.deepcopy(net)
+    opt, ref_opt = OPTIMIZERS[name](net.parameters()), OPTIMIZERS[name](ref.parameters())
+    # 2**126: the scale doubles to 2**127, where 2**128 is no longer finite and so not taken
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**126, growth_interval=2) for _ in "ab"]
+    step = xla_trace(_scaled_step)
+    for i in range(6):
+        x, y = random_tensor((6, 8)), torch.randint(0, 4, (6,), device="cpu")
+        if i in (3, 4):  # an inf input: inf/NaN gradients, a skipped step, the scale backs off
+            x[i, 0] = float("inf")
+        loss = step(x, y, net=net, opt=opt, scaler=scalers[0])
+        expected = _scaled_step(x, y, net=ref, opt=ref_opt, scaler=scalers[1])
+        assert_close(loss, expected, dtype=torch.float32, scale=10.0, msg=f"step {i}")
+        assert torch.equal(scalers[0]._scale, scalers[1]._scale), i
+        assert torch.equal(scalers[0]._growth_tracker, scalers[1]._growth_tracker), i
+    assert scalers[1].get_scale() == 2.0**125  # grew to 2**127, backed off twice
+    _compare(net, ref, opt, ref_opt)
+    assert step.programs == 1
+
+
+def test_step_sees_and_changes_p_grad():
+    net = models.mlp()
+    ref = copy.deepcopy(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+
+    def step(x, *, net, opt):
+        net(x).square().mean().backward()
+        for i, p in enumerate(net.parameters()):
+            if i % 2:
+                p.grad.mul_(0.5)  # in place
+            else:
+                p.grad = p.grad + 1.0  # replaced
+        opt.step()
+        opt.zero_grad()
+
+    traced = xla_trace(step)
+    for _ in range(2):
+        x = random_tensor((5, 8))
+        traced(x, net=net, opt=opt)
+        step(x, net=ref, opt=ref_opt)
+    _compare(net, ref, opt, ref_opt)

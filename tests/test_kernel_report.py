@@ -4,6 +4,7 @@ kernel through nvcc, a tiny Triton kernel through _static) and the markdown writ
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -170,3 +171,130 @@ def test_markdown_writer():
     assert table[0] == "| " + " | ".join(kernel_report.FIELDS) + " |"
     assert len(table) == 3  # header, rule, one row
     assert table[2].split(" | ")[kernel_report.FIELDS.index("ctas_per_sm")] == "8"
+
+
+class _CountingJob(kernel_report.Job):
+    """A job that compiles nothing: its result names its arch and the process that ran it."""
+
+    def key(self) -> str:
+        return f"counting-{self.arch}"
+
+    def label(self) -> str:
+        return f"counting sm_{self.arch}"
+
+    def run(self):
+        return {"arch": self.arch, "pid": os.getpid()}
+
+
+def test_run_jobs_dedupes_and_caches(tmp_path):
+    cache = kernel_report.ResultCache(tmp_path / "cache")
+    jobs = [_CountingJob(90), _CountingJob(90), _CountingJob(80)]
+    results, cached = kernel_report.run_jobs(jobs, 2, cache, progress=lambda line: None)
+    assert cached == 0 and sorted(results) == ["counting-80", "counting-90"]
+    assert {r["arch"] for r in results.values()} == {80, 90}
+    assert all(r["pid"] != os.getpid() for r in results.values())  # run by the workers
+    assert set(cache.durations()) == {"counting sm_90", "counting sm_80"}
+    again, cached = kernel_report.run_jobs(jobs, 2, cache, progress=lambda line: None)
+    assert cached == 2 and again == results  # nothing compiled: the same pids
+    fresh, cached = kernel_report.run_jobs(
+        jobs, 1, kernel_report.ResultCache(None), progress=lambda line: None
+    )
+    assert cached == 0 and sorted(fresh) == sorted(results)
+
+
+def test_cuda_job_key_follows_the_sources(tmp_path):
+    source, header = tmp_path / "op.cu", tmp_path / "device.cuh"
+    source.write_text("__global__ void k() {}\n")
+    header.write_text("// a header\n")
+    key = kernel_report.Job(90, source=source).key()
+    assert kernel_report.Job(90, source=source).key() == key
+    assert kernel_report.Job(80, source=source).key() != key
+    header.write_text("// a header, changed\n")
+    changed = kernel_report.Job(90, source=source).key()
+    assert changed != key
+    source.write_text("__global__ void k() { }\n")
+    assert kernel_report.Job(90, source=source).key() not in (key, changed)
+
+
+@triton.jit
+def _scaled_copy(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets * stride, mask=offsets < n)
+    tl.store(y_ptr + offsets, x * scale, mask=offsets < n)
+
+
+def _launcher(module, x, y, n, stride):
+    module._scaled_copy[(1,)](x, y, n, stride, 0.5, BLOCK=128, num_warps=2)
+
+
+_LAUNCH_FACTS = """
+import json, sys, torch
+sys.path.insert(0, 'benchmarks')
+import kernel_report
+from fusedops.kernels.triton import _static, deform_conv2d
+from tests import test_kernel_report as here
+
+def facts(launch):
+    constexprs = {k: str(v) for k, v in launch.constexprs.items()}
+    return dict(name=launch.name(), kernel=launch.kernel.fn.__name__, shape=launch.shape,
+                constexprs=constexprs, types=launch.types, divisible=list(launch.divisible),
+                warps=launch.num_warps, ideal=launch.ideal)
+
+meta = torch.empty(0, dtype=torch.float16, device='meta')
+calls = kernel_report.recorded_calls(
+    here, lambda: here._launcher(here, meta, meta.float(), 2**31 + 16, 1))
+calls += kernel_report.recorded_calls(here, lambda: here._launcher(here, meta, meta, 96, 3))
+tiny = [kernel_report.launch_of('tiny', c, torch.float16, 's') for c in calls]
+dcn = [l for l in kernel_report.triton_launches([torch.float32]) if l.op == 'deform_conv2d']
+print(json.dumps(dict(
+    tiny=[facts(l) for l in tiny], restored=type(here._scaled_copy).__name__,
+    kernels=sorted(_static._jit_functions(deform_conv2d)), dcn=[facts(l) for l in dcn],
+)))
+"""
+
+
+@pytest.fixture(scope="module")
+def launch_facts() -> dict:
+    """Launches recorded from launchers in a fresh interpreter with Triton's interpreter off
+    (recording needs compiled-kernel objects; nothing is compiled or launched)."""
+    done = run_python("-c", _LAUNCH_FACTS, cwd=ROOT, env={"TRITON_INTERPRET": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_recorded_launch_is_specialised_as_triton_does(launch_facts):
+    wide, narrow = launch_facts["tiny"]
+    assert launch_facts["restored"] == "JITFunction"  # the recorder put the kernel back
+    assert wide["types"] == {"x_ptr": "*fp16", "y_ptr": "*fp32", "n": "i64", "scale": "fp32"}
+    assert wide["constexprs"] == {"stride": "1", "BLOCK": "128"}  # an int equal to 1
+    assert wide["divisible"] == ["n"] and wide["warps"] == 2
+    assert narrow["types"]["n"] == narrow["types"]["stride"] == "i32"
+    assert narrow["divisible"] == ["n"] and narrow["constexprs"] == {"BLOCK": "128"}
+
+
+def test_deform_conv2d_kernels_are_in_the_report(launch_facts):
+    """Every deform_conv2d Triton kernel at every bench_dcn layer shape, both backward modes,
+    as its launchers call it (no compile); the CUDA source is compiled with the others."""
+    from bench_dcn import SHAPES
+
+    dcn = launch_facts["dcn"]
+    kernels = {name for name in launch_facts["kernels"] if name.endswith("_kernel")}
+    assert {launch["kernel"] for launch in dcn} == kernels
+    names = [
+        "_columns_kernel",
+        "_sample_grads_kernel (atomic)",
+        "_sample_grads_kernel (deterministic)",
+        "_segment_gather_kernel",
+    ]
+    assert [launch["name"] for launch in dcn] == names * len(SHAPES)
+    for name, batch, cin, cout, h, w, _ in SHAPES:
+        rows = [launch for launch in dcn if launch["shape"].startswith(f"{name} ")]
+        assert len(rows) == 4 and f"({batch}, {cin}, {h}, {w}) -> {cout}" in rows[0]["shape"]
+        sample_grads = rows[1:3]
+        assert [r["constexprs"]["ATOMIC"] for r in sample_grads] == ["True", "False"]
+        assert sample_grads[0]["types"]["grad_input_ptr"] == "*fp32"  # the fp32 accumulator
+        assert sample_grads[1]["types"]["keys_ptr"] == "*i64"
+        assert all(r["constexprs"]["HAS_MASK"] == "True" for r in rows[:3])
+        assert all(r["ideal"] > batch * cin * h * w * 4 for r in rows)
+    assert "deform_conv2d" in kernel_report.CUDA_THREADS
+    assert (kernel_report.CUDA_DIR / "deform_conv2d.cu").exists()

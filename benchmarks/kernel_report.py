@@ -195,7 +195,12 @@ class Launch:
         return f"{name} ({self.variant})" if self.variant else name
 
     def signature(self) -> dict:
-        """Triton signature: ``_static.signature_of`` with the per-argument ``types``."""
+        """Triton signature: ``_static.signature_of`` with the per-argument ``types``; every
+        ``tl.constexpr`` parameter must have its value in ``constexprs``."""
+        missing = [p.name for p in self.kernel.params if p.is_constexpr]
+        missing = [name for name in missing if name not in self.constexprs]
+        if missing:
+            raise ValueError(f"{self.kernel.fn.__name__}: constexprs lacks {missing}")
         types = {k: v for k, v in self.types.items() if k in self.kernel.arg_names}
         return _static.signature_of(self.kernel, self.constexprs, _POINTER[self.dtype], types)
 
@@ -443,11 +448,12 @@ def adam_launches(dtype: torch.dtype) -> list[Launch]:
     constexprs = dict(
         PARAM_DTYPE=_TL[dtype], STATE_DTYPE=tl.float32, AMSGRAD=False, MAXIMIZE=False,
         DECOUPLED=True, HAS_WEIGHT_DECAY=True, HAS_MASTER=master, LR_ON_DEVICE=False,
-        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, CHUNK=adam.CHUNK, BLOCK=adam.BLOCK,
-        ALIGNED=True, EMULATE_RTNE=False,
+        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, HAS_CLIP=False, CHUNK=adam.CHUNK,
+        BLOCK=adam.BLOCK, ALIGNED=True, EMULATE_RTNE=False,
     )  # fmt: skip
     types = {n: "fp32" for n in ("lr", "beta1", "beta2", "eps", "weight_decay")}
     types.update(table_ptr="*i64", lr_ptr="*fp32", grad_scale_ptr="*fp32", found_inf_ptr="*fp32")
+    types.update(clip_coef_ptr="*fp32")
     es = _size(dtype)
     # read grad, param (or master), m, v; write them back (+ the 16-bit param with a master)
     ideal = numel * (es + 4 * 4 + (8 + es if master else 2 * es))

@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -643,6 +644,21 @@ _CUDA_DTYPES = (
 _ANONYMOUS = "fusedops::(anonymous namespace)::"
 
 
+def cuda_kernel_name(demangled: str) -> str:
+    """A demangled kernel's name with its template arguments, without the return type, the
+    ``fusedops::(anonymous namespace)::`` prefix and the parameter list:
+    ``void fusedops::(anonymous namespace)::k<float, true>(float const*, int)`` ->
+    ``k<float, true>``."""
+    name = demangled.replace(_ANONYMOUS, "").replace("fusedops::", "")
+    name = name.removeprefix("void ")
+    depth = 0
+    for i, char in enumerate(name):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
 def _cuda_dtype(demangled: str) -> str:
     """The first element type named in a kernel's template arguments."""
     args = demangled.split("<", 1)[1] if "<" in demangled else ""
@@ -650,8 +666,10 @@ def _cuda_dtype(demangled: str) -> str:
     return min(found)[1] if found else "-"
 
 
-def compile_cuda(source: Path, arch: int) -> list[dict]:
-    """Compile ``source`` with nvcc for ``arch``: one row per kernel instantiation."""
+def compile_cuda(source: Path, arch: int) -> dict:
+    """Compile ``source`` with nvcc for ``arch``: per kernel instantiation (mangled name), its
+    demangled name, cuobjdump's resources and SASS facts (``cubin_functions``) and ptxas's
+    (``parse_ptxas``)."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         command = ["nvcc", "-cubin", f"-arch=sm_{arch}", *NVCC_FLAGS, "-Xptxas", "-v"]
@@ -660,14 +678,26 @@ def compile_cuda(source: Path, arch: int) -> list[dict]:
         ptxas = parse_ptxas(done.stdout + done.stderr)
         functions = cubin_functions(cubin)
     names = demangle(sorted(functions))
+    return {
+        mangled: {**facts, "demangled": names[mangled], "ptxas": ptxas.get(mangled, {})}
+        for mangled, facts in functions.items()
+    }
+
+
+def cuda_rows(source: Path, arch: int, compiled: dict) -> list[dict]:
+    """One report row per kernel instantiation of ``compiled`` (``compile_cuda`` of ``source``
+    for ``arch``), threads per block from ``CUDA_THREADS``."""
     op, rows = source.stem, []
-    for mangled, facts in sorted(functions.items()):
-        pretty = names[mangled]
-        base = pretty.split("<", 1)[0].split("(", 1)[0].rsplit("::", 1)[-1]
+    for _, facts in sorted(compiled.items()):
+        pretty = facts["demangled"]
+        kernel = cuda_kernel_name(pretty)
+        base = kernel.split("<", 1)[0]
         threads = CUDA_THREADS[op].get(base, CUDA_THREADS[op].get(""))
-        resources = ptxas.get(mangled, {})
+        if threads is None:
+            raise ValueError(f"CUDA_THREADS[{op!r}] gives no block size for {base}")
+        resources = facts["ptxas"]
         rows.append({
-            "op": op, "kernel": pretty.split("(", 1)[0].replace(_ANONYMOUS, ""),
+            "op": op, "kernel": kernel,
             "backend": "cuda", "dtype": _cuda_dtype(pretty), "shape": "every shape (instantiation)",
             "arch": arch, "registers": facts["REG"],
             "spill_bytes": resources.get("spill_stores", 0) + resources.get("spill_loads", 0),
@@ -721,7 +751,7 @@ def finish(row: dict) -> dict:
 # Compile jobs: deduplicated, cached on disk, run by a pool of processes.
 
 #: Bump when what a cached compile result holds changes meaning (a new column, a new parser).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 def default_cache_dir() -> Path:
@@ -778,7 +808,7 @@ class Job:
         return f"{self.source.name} sm_{self.arch}"
 
     def run(self):
-        """The compiled facts: a dict (Triton) or a list of rows (CUDA)."""
+        """The compiled facts (``compile_triton`` or ``compile_cuda``)."""
         if self.launch is not None:
             return compile_triton(self.launch, self.arch)
         return compile_cuda(self.source, self.arch)
@@ -825,9 +855,20 @@ class ResultCache:
 _JOBS: list = []
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its finished children (nvcc, ptxas)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _run_job(index: int) -> tuple:
-    start = time.perf_counter()
-    return _JOBS[index].run(), time.perf_counter() - start
+    """(result, wall seconds, CPU seconds) of job ``index``."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    result = _JOBS[index].run()
+    return result, time.perf_counter() - start, _cpu_seconds() - cpu
 
 
 def run_jobs(jobs: list[Job], workers: int, cache: ResultCache, progress=print) -> tuple:
@@ -851,16 +892,20 @@ def run_jobs(jobs: list[Job], workers: int, cache: ResultCache, progress=print) 
     known = cache.durations()
     order = sorted(todo, key=lambda k: -known.get(todo[k].label(), todo[k].expected_seconds()))
     _JOBS[:] = [todo[key] for key in order]
+    total_cpu = 0.0
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
         futures = {pool.submit(_run_job, i): key for i, key in enumerate(order)}
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             key = futures[future]
-            results[key], seconds = future.result()
+            results[key], seconds, cpu = future.result()
             cache.put(key, results[key])
             known[todo[key].label()] = round(seconds, 1)
-            progress(f"[{done}/{len(todo)}] {seconds:6.1f} s  {todo[key].label()}")
+            total_cpu += cpu
+            label = todo[key].label()
+            progress(f"[{done}/{len(todo)}] {seconds:6.1f} s ({cpu:5.1f} s CPU)  {label}")
     cache.put("durations", known)
+    progress(f"compiled in {total_cpu:.0f} s of CPU")
     return results, cached
 
 
@@ -909,10 +954,75 @@ def predictions(rows: list[dict]) -> list[str]:
     return lines
 
 
+#: Ops whose kernels stream memory without matrix products: a 16-bit row there should load and
+#: store 16 bytes at a time where rows are aligned.
+BANDWIDTH_BOUND = (
+    "adam", "bias_dropout_add", "deform_conv2d", "layer_norm", "quick_gelu", "swin_softmax",
+    "window_process",
+)  # fmt: skip
+
+
+def _grouped(rows: list[dict], keep, describe) -> list[str]:
+    """One markdown line per (op, backend, kernel, dtype, arch) among the ``rows`` where
+    ``keep(row)``: how many of its shapes (rows) and ``describe(members)``."""
+    groups: dict = {}
+    for row in rows:
+        if keep(row):
+            key = (row["op"], row["backend"], row["kernel"], row["dtype"], int(row["arch"]))
+            groups.setdefault(key, []).append(row)
+    lines = []
+    for (op, backend, kernel, dtype, arch), members in sorted(groups.items()):
+        lines.append(
+            f"- {op} {backend} `{kernel}` {dtype} sm_{arch} ({len(members)} rows): "
+            f"{describe(members)}"
+        )
+    return lines or ["- none"]
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """Markdown sections listing the rows that break the report's rules: spills or local
+    memory; 16-bit bandwidth-bound kernels without 16-byte global loads or stores; attention
+    matrix products (the Triton window-attention kernels; the CUDA backend's products are
+    cuBLAS calls) without tensor-core instructions."""
+
+    def spilled(members):
+        spills = max(int(r["spill_bytes"]) for r in members)
+        local = max(int(r["local"]) for r in members)
+        return f"spill bytes up to {spills}, local memory up to {local} B per thread"
+
+    def widths(members):
+        ldg = sorted({int(r["ldg_bits"]) for r in members})
+        stg = sorted({int(r["stg_bits"]) for r in members})
+        return f"widest load {'/'.join(map(str, ldg))} bits, store {'/'.join(map(str, stg))} bits"
+
+    def narrow(row):
+        wide = min(int(row["ldg_bits"]), int(row["stg_bits"])) >= 128
+        return row["dtype"] in ("fp16", "bf16") and row["op"] in BANDWIDTH_BOUND and not wide
+
+    def products(members):
+        return f"ctas/SM {sorted({int(r['ctas_per_sm']) for r in members})}, no mma"
+
+    return [
+        "### Spills or local memory", "",
+        *_grouped(rows, lambda r: int(r["spill_bytes"]) or int(r["local"]), spilled), "",
+        "### 16-bit bandwidth-bound kernels without 16-byte global accesses", "",
+        *_grouped(rows, narrow, widths), "",
+        "### Attention matrix products without tensor-core instructions", "",
+        *_grouped(
+            rows,
+            lambda r: r["op"] == "window_attention" and r["backend"] == "triton"
+            and not int(r["mma"]),
+            products,
+        ),
+        "",
+    ]  # fmt: skip
+
+
 def markdown(rows: list[dict], header: str = "") -> str:
-    """The report as markdown: ``header``, the per-family predictions and one table row per
-    kernel launch (``FIELDS`` columns)."""
-    lines = [header, "## What the report predicts", "", *predictions(rows), "", "## Kernels", ""]
+    """The report as markdown: ``header``, the findings, the per-family predictions and one
+    table row per kernel launch (``FIELDS`` columns)."""
+    lines = [header, "## Findings", "", *findings(rows)]
+    lines += ["## What the report predicts", "", *predictions(rows), "", "## Kernels", ""]
     lines.append("| " + " | ".join(FIELDS) + " |")
     lines.append("|" + "---|" * len(FIELDS))
     for row in rows:
@@ -967,7 +1077,8 @@ def main() -> None:
     rows = triton_rows(launches, archs, results)
     for source in sources:
         for arch in archs:
-            rows += [finish(row) for row in results[Job(arch, source=source).key()]]
+            compiled = results[Job(arch, source=source).key()]
+            rows += [finish(row) for row in cuda_rows(source, arch, compiled)]
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / f"kernel_report{suffix}.csv", "w", newline="") as f:

@@ -104,6 +104,32 @@ template __global__ void tiny<float>(const float4*, float4*, int);
         assert facts["mma"] == 0
 
 
+@pytest.mark.parametrize(
+    "demangled, name, dtype",
+    [
+        (
+            "void fusedops::(anonymous namespace)::nms_mask_kernel<float, true>(float const*, "
+            "long const*, long const*, unsigned long*, long, long, float, float)",
+            "nms_mask_kernel<float, true>",
+            "fp32",
+        ),
+        (
+            "void fusedops::(anonymous namespace)::columns_kernel<__nv_bfloat16, "
+            "fusedops::(anonymous namespace)::FastDivider>(__nv_bfloat16 const*, "
+            "fusedops::(anonymous namespace)::Sizes<fusedops::(anonymous namespace)::"
+            "FastDivider>)",
+            "columns_kernel<__nv_bfloat16, FastDivider>",
+            "bf16",
+        ),
+        ("void tiny<__half>(float4 const*, float4*, int)", "tiny<__half>", "fp16"),
+        ("fusedops::plain_kernel(int)", "plain_kernel", "-"),
+    ],
+)
+def test_cuda_kernel_names(demangled, name, dtype):
+    assert kernel_report.cuda_kernel_name(demangled) == name
+    assert kernel_report._cuda_dtype(demangled) == dtype
+
+
 @triton.jit
 def _tiny_dot(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
     rows = tl.arange(0, BLOCK)
@@ -171,6 +197,48 @@ def test_markdown_writer():
     assert table[0] == "| " + " | ".join(kernel_report.FIELDS) + " |"
     assert len(table) == 3  # header, rule, one row
     assert table[2].split(" | ")[kernel_report.FIELDS.index("ctas_per_sm")] == "8"
+
+
+def _row(**fields) -> dict:
+    """A clean report row (no spills, 16-byte accesses, tensor cores) with ``fields`` changed."""
+    row = dict(
+        op="layer_norm", kernel="k", backend="triton", arch=90, dtype="bf16", shape="s",
+        threads=128, registers=32, spill_bytes=0, local=0, shared=0, mma=0, ldg_bits=128,
+        stg_bits=128, ideal_bytes="", achieved="",
+    )  # fmt: skip
+    return kernel_report.finish({**row, **fields})
+
+
+def test_findings_list_what_breaks_the_rules():
+    clean = [
+        _row(),
+        _row(op="window_attention", mma=8),
+        _row(op="nms", ldg_bits=32),  # not bandwidth-bound
+        _row(dtype="fp32", ldg_bits=32),  # 4-byte accesses are the rule for 16-bit rows only
+        _row(op="window_attention", backend="cuda"),  # its products are cuBLAS calls
+    ]
+    text = "\n".join(kernel_report.findings(clean))
+    assert text.count("- none") == 3
+    broken = clean + [
+        _row(kernel="spilling", spill_bytes=24, local=24, arch=80),
+        _row(kernel="spilling", local=16, arch=80, shape="t"),
+        _row(op="deform_conv2d", kernel="narrow", ldg_bits=16),
+        _row(op="deform_conv2d", kernel="narrow", dtype="fp16", stg_bits=64),
+        _row(op="window_attention", kernel="fma", dtype="fp32"),
+    ]
+    text = "\n".join(kernel_report.findings(broken))
+    assert "- none" not in text
+    assert (
+        "- layer_norm triton `spilling` bf16 sm_80 (2 rows): spill bytes up to 24, "
+        "local memory up to 24 B per thread" in text
+    )
+    assert "- deform_conv2d triton `narrow` bf16 sm_90 (1 rows): widest load 16 bits" in text
+    assert (
+        "- deform_conv2d triton `narrow` fp16 sm_90 (1 rows): widest load 128 bits, store 64"
+        in text
+    )
+    assert "- window_attention triton `fma` fp32 sm_90 (1 rows): ctas/SM [16], no mma" in text
+    assert text.count("\n- ") == 4  # one line per group
 
 
 class _CountingJob(kernel_report.Job):

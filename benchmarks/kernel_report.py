@@ -1,16 +1,20 @@
 """Static kernel report: every Triton and CUDA kernel compiled for sm_90 (and sm_80) on this
 machine, no GPU needed, with what the compiled code asks of the GPU.
 
-Triton kernels are compiled (``fusedops/kernels/triton/_static.py``) at the launch options their
-launchers pick for the shapes that matter (Swin-T stages, LLM LayerNorm rows, NMS, Adam over a
-1.1B-parameter list, QuickGELU, bias_dropout_add); the CUDA sources are compiled with nvcc, one
-row per template instantiation. Per row: registers, spill bytes, local memory, shared memory,
-CTAs per SM by the occupancy rules (``occupancy``), tensor-core instructions and the widest
-global load/store in the SASS, the bytes the op must move for the shape, and the achieved
-fraction of copy bandwidth where an H100 run measured the op (benchmarks/results/*.csv).
+Triton kernels are compiled at the launch options their launchers pick for the shapes that
+matter (Swin-T stages, LLM LayerNorm rows, NMS, Adam over a 1.1B-parameter list, QuickGELU,
+bias_dropout_add, deform_conv2d at bench_dcn's CenterNet/DLA-34 and ResNet-50-DCN layers,
+recorded from its launchers); the CUDA sources are compiled with nvcc, one row per template
+instantiation. Per row: registers, spill bytes, local memory, shared memory, CTAs per SM by the
+occupancy rules (``occupancy``), tensor-core instructions and the widest global load/store in
+the SASS, the bytes the op must move for the shape, and the achieved fraction of copy bandwidth
+where an H100 run measured the op (benchmarks/results/*.csv).
 
-``python benchmarks/kernel_report.py`` writes ``results/kernel_report.csv`` and
-``results/kernel_report.md``; ``--quick``: sm_90, fp32 and bf16 only.
+Each distinct compile runs once, in ``--workers`` processes (2), the longest first; results are
+cached on disk (``--cache``, default ~/.cache/fusedops/kernel_report) keyed by the kernel's
+source and the compiler versions (``Job.key``). ``python benchmarks/kernel_report.py`` writes
+``results/kernel_report.csv`` and ``results/kernel_report.md``; ``--quick``: sm_90, fp32 and
+bf16 only.
 """
 
 from __future__ import annotations

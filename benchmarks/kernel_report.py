@@ -1,16 +1,20 @@
 """Static kernel report: every Triton and CUDA kernel compiled for sm_90 (and sm_80) on this
 machine, no GPU needed, with what the compiled code asks of the GPU.
 
-Triton kernels are compiled (``fusedops/kernels/triton/_static.py``) at the launch options their
-launchers pick for the shapes that matter (Swin-T stages, LLM LayerNorm rows, NMS, Adam over a
-1.1B-parameter list, QuickGELU, bias_dropout_add); the CUDA sources are compiled with nvcc, one
-row per template instantiation. Per row: registers, spill bytes, local memory, shared memory,
-CTAs per SM by the occupancy rules (``occupancy``), tensor-core instructions and the widest
-global load/store in the SASS, the bytes the op must move for the shape, and the achieved
-fraction of copy bandwidth where an H100 run measured the op (benchmarks/results/*.csv).
+Triton kernels are compiled at the launch options their launchers pick for the shapes that
+matter (Swin-T stages, LLM LayerNorm rows, NMS, Adam over a 1.1B-parameter list, QuickGELU,
+bias_dropout_add, deform_conv2d at bench_dcn's CenterNet/DLA-34 and ResNet-50-DCN layers,
+recorded from its launchers); the CUDA sources are compiled with nvcc, one row per template
+instantiation. Per row: registers, spill bytes, local memory, shared memory, CTAs per SM by the
+occupancy rules (``occupancy``), tensor-core instructions and the widest global load/store in
+the SASS, the bytes the op must move for the shape, and the achieved fraction of copy bandwidth
+where an H100 run measured the op (benchmarks/results/*.csv).
 
-``python benchmarks/kernel_report.py`` writes ``results/kernel_report.csv`` and
-``results/kernel_report.md``; ``--quick``: sm_90, fp32 and bf16 only.
+Each distinct compile runs once, in ``--workers`` processes (2), the longest first; results are
+cached on disk (``--cache``, default ~/.cache/fusedops/kernel_report) keyed by the kernel's
+source and the compiler versions (``Job.key``). ``python benchmarks/kernel_report.py`` writes
+``results/kernel_report.csv`` and ``results/kernel_report.md``; ``--quick``: sm_90, fp32 and
+bf16 only.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ import argparse
 import concurrent.futures
 import csv
 import dataclasses
+import functools
+import hashlib
+import json
 import math
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton._C.libtriton import get_cache_invalidating_env_vars  # noqa: E402
 
 from fusedops.kernels.triton import _static  # noqa: E402
 
@@ -143,25 +152,8 @@ def cubin_functions(cubin: Path) -> dict:
     return functions
 
 
-def parse_ptxas(text: str) -> dict:
-    """Per entry function of ``ptxas -v`` output: registers, stack (bytes), spill_stores,
-    spill_loads, smem (static bytes)."""
-    out = {}
-    for section in text.split("Compiling entry function '")[1:]:
-        name = section.split("'", 1)[0]
-
-        def number(pattern: str, section: str = section) -> int:
-            found = re.search(pattern, section)
-            return int(found.group(1)) if found else 0
-
-        out[name] = {
-            "registers": number(r"Used (\d+) registers"),
-            "stack": number(r"(\d+) bytes stack frame"),
-            "spill_stores": number(r"(\d+) bytes spill stores"),
-            "spill_loads": number(r"(\d+) bytes spill loads"),
-            "smem": number(r"(\d+) bytes smem"),
-        }
-    return out
+#: ``ptxas -v`` output per entry function (the parser is shared with ``_static``).
+parse_ptxas = _static.parse_ptxas
 
 
 def demangle(names: list[str]) -> dict:
@@ -200,9 +192,20 @@ class Launch:
     #: integer arguments whose value at the shape is a multiple of 16 (Triton specialises a
     #: launch on it, as it does on 16-byte aligned pointers: every pointer here is)
     divisible: tuple = ()
+    variant: str = ""  # told apart in the kernel column, e.g. "atomic"
+
+    def name(self) -> str:
+        """The kernel column: the kernel's name and its variant."""
+        name = self.kernel.fn.__name__
+        return f"{name} ({self.variant})" if self.variant else name
 
     def signature(self) -> dict:
-        """Triton signature: ``_static.signature_of`` with the per-argument ``types``."""
+        """Triton signature: ``_static.signature_of`` with the per-argument ``types``; every
+        ``tl.constexpr`` parameter must have its value in ``constexprs``."""
+        missing = [p.name for p in self.kernel.params if p.is_constexpr]
+        missing = [name for name in missing if name not in self.constexprs]
+        if missing:
+            raise ValueError(f"{self.kernel.fn.__name__}: constexprs lacks {missing}")
         types = {k: v for k, v in self.types.items() if k in self.kernel.arg_names}
         return _static.signature_of(self.kernel, self.constexprs, _POINTER[self.dtype], types)
 
@@ -217,10 +220,9 @@ class Launch:
 
 
 def compile_triton(launch: Launch, arch: int) -> dict:
-    """Compile ``launch`` for ``arch`` (as ``_static.compile_static`` does, keeping the cubin):
-    shared bytes, ptxas registers and spills, cuobjdump's stack/local and SASS facts."""
-    from triton.backends.compiler import GPUTarget
-
+    """Compile ``launch`` for ``arch`` with Triton's own ptxas run (``_static.compile_logged``):
+    shared bytes, registers and spills from that run's log, cuobjdump's stack/local and SASS
+    facts of the cubin it made."""
     if _static._interpreting():
         raise RuntimeError("kernel_report compiles kernels: run it with TRITON_INTERPRET=0")
     kernel = launch.kernel
@@ -232,16 +234,16 @@ def compile_triton(launch: Launch, arch: int) -> dict:
     }
     source = triton.compiler.ASTSource(kernel, signature, launch.constexprs, attrs)
     options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages, **launch.options}
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    compiled, log = _static.compile_logged(source, arch, options)
     name = compiled.metadata.name
-    registers, stores, loads = _static._ptxas_resources(compiled.asm["ptx"], arch, name)
+    resources = parse_ptxas(log)[name]
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         facts = cubin_functions(cubin)[name]
     return {
-        "registers": registers,
-        "spill_bytes": stores + loads,
+        "registers": resources["registers"],
+        "spill_bytes": resources["spill_stores"] + resources["spill_loads"],
         "local": facts["LOCAL"] + facts["STACK"],
         "shared": int(compiled.metadata.shared),
         "threads": 32 * launch.num_warps,
@@ -451,11 +453,12 @@ def adam_launches(dtype: torch.dtype) -> list[Launch]:
     constexprs = dict(
         PARAM_DTYPE=_TL[dtype], STATE_DTYPE=tl.float32, AMSGRAD=False, MAXIMIZE=False,
         DECOUPLED=True, HAS_WEIGHT_DECAY=True, HAS_MASTER=master, LR_ON_DEVICE=False,
-        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, CHUNK=adam.CHUNK, BLOCK=adam.BLOCK,
-        ALIGNED=True, EMULATE_RTNE=False,
+        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, HAS_CLIP=False, CHUNK=adam.CHUNK,
+        BLOCK=adam.BLOCK, ALIGNED=True, EMULATE_RTNE=False,
     )  # fmt: skip
     types = {n: "fp32" for n in ("lr", "beta1", "beta2", "eps", "weight_decay")}
     types.update(table_ptr="*i64", lr_ptr="*fp32", grad_scale_ptr="*fp32", found_inf_ptr="*fp32")
+    types.update(clip_coef_ptr="*fp32")
     es = _size(dtype)
     # read grad, param (or master), m, v; write them back (+ the 16-bit param with a master)
     ideal = numel * (es + 4 * 4 + (8 + es if master else 2 * es))
@@ -488,9 +491,132 @@ def nms_launches(dtype: torch.dtype) -> list[Launch]:
     return rows
 
 
+class _Recorder:
+    """Stands in for a ``@triton.jit`` kernel while its launcher runs: ``kernel[grid](...)``
+    records the call instead of launching it."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((self.kernel, args, kwargs))
+
+        return launch
+
+
+def recorded_calls(module, run) -> list[tuple]:
+    """(kernel, args, kwargs) of every kernel launch that ``run()`` makes through the launchers
+    of Triton kernel ``module``: its jit functions are stood in for while ``run`` runs, so
+    nothing is launched (meta tensors will do for the tensor arguments)."""
+    calls: list = []
+    kernels = _static._jit_functions(module)
+    try:
+        for name, kernel in kernels.items():
+            setattr(module, name, _Recorder(kernel, calls))
+        run()
+    finally:
+        for name, kernel in kernels.items():
+            setattr(module, name, kernel)
+    return calls
+
+
+def launch_of(op: str, call: tuple, dtype: torch.dtype, shape: str, **fields) -> Launch:
+    """The Launch of a recorded ``call`` (``recorded_calls``), specialised as Triton's runtime
+    specialises it: tensors by dtype (16-byte aligned), integers equal to 1 as constexprs,
+    multiples of 16 as divisible, beyond 2^31 as i64; num_warps/num_stages as given, else
+    Triton's defaults. ``fields``: the other Launch fields (ideal, variant, ...)."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    kernel, args, kwargs = call
+    kwargs = dict(kwargs)
+    num_warps, num_stages = kwargs.pop("num_warps", 4), kwargs.pop("num_stages", 3)
+    values = {**dict(zip(kernel.arg_names, args)), **kwargs}
+    constexprs, types, divisible = {}, {}, []
+    for param in kernel.params:
+        value = values.get(param.name, param.default)
+        if param.is_constexpr:
+            constexprs[param.name] = value
+            continue
+        kind, attribute = native_specialize_impl(
+            CUDABackend, value, False, not param.do_not_specialize,
+            not param.do_not_specialize_on_alignment,
+        )  # fmt: skip
+        if kind == "constexpr":
+            constexprs[param.name] = attribute
+            continue
+        types[param.name] = kind
+        if attribute == "D" and not kind.startswith("*"):
+            divisible.append(param.name)
+    return Launch(op, kernel, dtype, shape, constexprs, num_warps, num_stages, types=types,
+                  divisible=tuple(divisible), **fields)  # fmt: skip
+
+
+def _deform_conv2d_calls(geo, dtype: torch.dtype) -> None:
+    """Call deform_conv2d's Triton launchers as one DCNv2 layer's forward and backward (both
+    modes) do, on meta tensors of ``dtype``: columns, sample gradients (atomic, then
+    deterministic), segment gather."""
+    from fusedops.kernels.triton import deform_conv2d as kernels
+
+    def meta(kind=dtype):
+        return torch.empty(0, dtype=kind, device="meta")
+
+    x, offset, mask, grad_cols = meta(), meta(), meta(), meta()
+    kernels._columns(meta(), x, offset, mask, geo)
+    args = (grad_cols, x, offset, mask, geo, meta(), meta())
+    kernels._sample_grads(*args, meta(torch.float32), None, None)
+    kernels._sample_grads(*args, None, meta(torch.int64), meta(torch.float32))
+    order, coefs, starts = meta(torch.int64), meta(torch.float32), meta(torch.int64)
+    kernels._segment_gather(grad_cols, order, coefs, starts, meta(), geo)
+
+
+def deform_conv2d_launches(dtype: torch.dtype) -> list[Launch]:
+    """deform_conv2d's Triton kernels as its launchers (kernels/triton/deform_conv2d.py) call
+    them, recorded without launching, at the CenterNet/DLA-34 and ResNet-50-DCN layers of
+    benchmarks/bench_dcn.py (3x3, padding 1, one offset group, with a mask: DCNv2). Per layer:
+    the columns (forward; the backward recomputes them with the same launch), the sample
+    gradients with atomics into the fp32 input gradient or (deterministic) writing keys and
+    coefficients, and the deterministic input-gradient gather. The three matrix products and
+    the deterministic path's sort are ATen calls, not kernels of this package.
+
+    Ideal bytes: each tensor a kernel must read or write, once: input (B C H W), offset and
+    mask (3 B K L), the columns (C K B L), the fp32 input gradient (atomic), keys and
+    coefficients (12 B per corner, 4 corners per sample), the segment starts."""
+    from bench_dcn import SHAPES
+
+    from fusedops.kernels import deform_conv2d_host as host
+    from fusedops.kernels.triton import deform_conv2d as kernels
+
+    es, rows = _size(dtype), []
+    for name, batch, cin, cout, h, w, stride in SHAPES:
+        h_out, w_out = (h - 1) // stride + 1, (w - 1) // stride + 1
+        geo = host.Geometry(
+            batch, cin, h, w, cout, 1, 3, 3, 1, h_out, w_out, (stride,) * 2, (1, 1), (1, 1)
+        )
+        image, samples = batch * cin * h * w, geo.samples
+        columns = cin * geo.points * batch * geo.pixels
+        corners = 4 * samples * (8 + 4)  # int64 key (or order) and fp32 coefficient per corner
+        shape = f"{name} ({batch}, {cin}, {h}, {w}) -> {cout}"
+        calls = recorded_calls(kernels, functools.partial(_deform_conv2d_calls, geo, dtype))
+        fields = [
+            dict(ideal=es * (image + 3 * samples + columns)),
+            dict(ideal=es * (columns + image + 6 * samples) + 4 * image, variant="atomic"),
+            dict(ideal=es * (columns + image + 6 * samples) + corners, variant="deterministic"),
+            dict(ideal=es * (columns + image) + corners + 8 * (batch * h * w + 1)),
+        ]
+        if len(calls) != len(fields):
+            raise RuntimeError(f"deform_conv2d launchers made {len(calls)} launches, expected 4")
+        rows += [launch_of("deform_conv2d", c, dtype, shape, **f) for c, f in zip(calls, fields)]
+    return rows
+
+
 def triton_launches(dtypes) -> list[Launch]:
     """Every Triton launch of the report for ``dtypes``."""
-    builders = (swin_launches, layer_norm_launches, elementwise_launches, adam_launches)
+    builders = (
+        swin_launches, layer_norm_launches, elementwise_launches, adam_launches,
+        deform_conv2d_launches,
+    )  # fmt: skip
     rows = [launch for dtype in dtypes for build in builders for launch in build(dtype)]
     return rows + nms_launches(torch.float32)
 
@@ -503,6 +629,7 @@ def triton_launches(dtypes) -> list[Launch]:
 CUDA_THREADS = {
     "adam": {"": 512},
     "bias_dropout_add": {"": 256},
+    "deform_conv2d": {"": 256},
     "layer_norm": {"": 256},
     "nms": {"nms_mask_kernel": 64, "nms_walk_kernel": 512, "soft_nms_kernel": 512},
     "quick_gelu": {"": 256},
@@ -521,6 +648,21 @@ _CUDA_DTYPES = (
 _ANONYMOUS = "fusedops::(anonymous namespace)::"
 
 
+def cuda_kernel_name(demangled: str) -> str:
+    """A demangled kernel's name with its template arguments, without the return type, the
+    ``fusedops::(anonymous namespace)::`` prefix and the parameter list:
+    ``void fusedops::(anonymous namespace)::k<float, true>(float const*, int)`` ->
+    ``k<float, true>``."""
+    name = demangled.replace(_ANONYMOUS, "").replace("fusedops::", "")
+    name = name.removeprefix("void ")
+    depth = 0
+    for i, char in enumerate(name):
+        depth += {"<": 1, ">": -1}.get(char, 0)
+        if char == "(" and depth == 0:
+            return name[:i]
+    return name
+
+
 def _cuda_dtype(demangled: str) -> str:
     """The first element type named in a kernel's template arguments."""
     args = demangled.split("<", 1)[1] if "<" in demangled else ""
@@ -528,8 +670,10 @@ def _cuda_dtype(demangled: str) -> str:
     return min(found)[1] if found else "-"
 
 
-def compile_cuda(source: Path, arch: int) -> list[dict]:
-    """Compile ``source`` with nvcc for ``arch``: one row per kernel instantiation."""
+def compile_cuda(source: Path, arch: int) -> dict:
+    """Compile ``source`` with nvcc for ``arch``: per kernel instantiation (mangled name), its
+    demangled name, cuobjdump's resources and SASS facts (``cubin_functions``) and ptxas's
+    (``parse_ptxas``)."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         command = ["nvcc", "-cubin", f"-arch=sm_{arch}", *NVCC_FLAGS, "-Xptxas", "-v"]
@@ -538,14 +682,26 @@ def compile_cuda(source: Path, arch: int) -> list[dict]:
         ptxas = parse_ptxas(done.stdout + done.stderr)
         functions = cubin_functions(cubin)
     names = demangle(sorted(functions))
+    return {
+        mangled: {**facts, "demangled": names[mangled], "ptxas": ptxas.get(mangled, {})}
+        for mangled, facts in functions.items()
+    }
+
+
+def cuda_rows(source: Path, arch: int, compiled: dict) -> list[dict]:
+    """One report row per kernel instantiation of ``compiled`` (``compile_cuda`` of ``source``
+    for ``arch``), threads per block from ``CUDA_THREADS``."""
     op, rows = source.stem, []
-    for mangled, facts in sorted(functions.items()):
-        pretty = names[mangled]
-        base = pretty.split("<", 1)[0].split("(", 1)[0].rsplit("::", 1)[-1]
+    for _, facts in sorted(compiled.items()):
+        pretty = facts["demangled"]
+        kernel = cuda_kernel_name(pretty)
+        base = kernel.split("<", 1)[0]
         threads = CUDA_THREADS[op].get(base, CUDA_THREADS[op].get(""))
-        resources = ptxas.get(mangled, {})
+        if threads is None:
+            raise ValueError(f"CUDA_THREADS[{op!r}] gives no block size for {base}")
+        resources = facts["ptxas"]
         rows.append({
-            "op": op, "kernel": pretty.split("(", 1)[0].replace(_ANONYMOUS, ""),
+            "op": op, "kernel": kernel,
             "backend": "cuda", "dtype": _cuda_dtype(pretty), "shape": "every shape (instantiation)",
             "arch": arch, "registers": facts["REG"],
             "spill_bytes": resources.get("spill_stores", 0) + resources.get("spill_loads", 0),
@@ -595,41 +751,182 @@ def finish(row: dict) -> dict:
     return {**row, "ctas_per_sm": ctas, "limit": limit}
 
 
-#: The launches being compiled: forked workers inherit them (kernels do not pickle).
-_LAUNCHES: list = []
+# ------------------------------------------------------------------------------------------
+# Compile jobs: deduplicated, cached on disk, run by a pool of processes.
+
+#: Bump when what a cached compile result holds changes meaning (a new column, a new parser).
+CACHE_FORMAT = 2
 
 
-def _compile_one(index: int, arch: int) -> dict:
-    return compile_triton(_LAUNCHES[index], arch)
+def default_cache_dir() -> Path:
+    """Where compile results are kept between runs: $XDG_CACHE_HOME (else ~/.cache) /
+    fusedops/kernel_report."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fusedops" / "kernel_report"
 
 
-def triton_rows(launches: list[Launch], archs, workers: int, progress=print) -> list[dict]:
-    """Compile every distinct (launch, arch) once (``workers`` processes) and give one row per
-    launch and arch."""
-    todo = {}
-    for index, launch in enumerate(launches):
-        for arch in archs:
-            todo.setdefault(launch.key(arch), (index, arch))
-    compiled = {}
-    _LAUNCHES[:] = launches
+def _digest(*parts) -> str:
+    """A hex digest of ``parts`` (anything ``str`` renders stably)."""
+    text = json.dumps(parts, default=str, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@functools.cache
+def nvcc_version() -> str:
+    """nvcc's ``--version`` text ("" without nvcc)."""
+    done = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=False)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _file_digest(paths) -> str:
+    return _digest(*[(p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in paths])
+
+
+@dataclasses.dataclass
+class Job:
+    """One compile: a Triton launch (``launch``) or a CUDA source (``source``) for ``arch``."""
+
+    arch: int
+    launch: Launch | None = None
+    source: Path | None = None
+
+    def key(self) -> str:
+        """The cache key: a digest of everything the compiled result depends on (the kernel's
+        source through Triton's ``cache_key``, which covers the jit functions it calls; the .cu
+        file and the headers beside it; compiler versions and options)."""
+        if self.launch is not None:
+            launch, env = self.launch, get_cache_invalidating_env_vars()
+            identity = (launch.key(self.arch), launch.kernel.cache_key, env)
+            return _digest(CACHE_FORMAT, "triton", triton.__version__, *identity)
+        headers = sorted(p for p in self.source.parent.iterdir() if p.suffix in (".cuh", ".h"))
+        return _digest(
+            CACHE_FORMAT, "cuda", nvcc_version(), NVCC_FLAGS, self.arch,
+            _file_digest([self.source]), _file_digest(headers),
+        )  # fmt: skip
+
+    def label(self) -> str:
+        """What the job compiles, for progress lines."""
+        if self.launch is not None:
+            launch = self.launch
+            return f"{launch.name()} {_NAME[launch.dtype]} sm_{self.arch}"
+        return f"{self.source.name} sm_{self.arch}"
+
+    def run(self):
+        """The compiled facts (``compile_triton`` or ``compile_cuda``)."""
+        if self.launch is not None:
+            return compile_triton(self.launch, self.arch)
+        return compile_cuda(self.source, self.arch)
+
+    def expected_seconds(self) -> float:
+        """A guess at the compile time, to start the longest first: an nvcc run compiles every
+        instantiation in its file (the biggest file: layer_norm.cu, minutes), a Triton launch
+        takes seconds."""
+        return 1000.0 + self.source.stat().st_size / 100 if self.source else 1.0
+
+
+class ResultCache:
+    """Compile results on disk under ``directory`` (None: no cache), one JSON file per job key;
+    ``durations.json`` keeps how long each job label took last time (the scheduling order)."""
+
+    def __init__(self, directory: Path | None):
+        self.directory = Path(directory) if directory is not None else None
+
+    def get(self, key: str):
+        """The stored result for ``key``, or None."""
+        if self.directory is None:
+            return None
+        try:
+            return json.loads((self.directory / f"{key}.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def put(self, key: str, value) -> None:
+        """Store ``value`` (JSON-ready) for ``key`` (written whole or not at all)."""
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{key}.json"
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(value))
+        os.replace(temporary, path)
+
+    def durations(self) -> dict:
+        """label -> seconds of the last run that compiled it."""
+        return self.get("durations") or {}
+
+
+#: The jobs being compiled: forked workers inherit them (kernels do not pickle).
+_JOBS: list = []
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its finished children (nvcc, ptxas)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _run_job(index: int) -> tuple:
+    """(result, wall seconds, CPU seconds) of job ``index``."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    result = _JOBS[index].run()
+    return result, time.perf_counter() - start, _cpu_seconds() - cpu
+
+
+def run_jobs(jobs: list[Job], workers: int, cache: ResultCache, progress=print) -> tuple:
+    """(key -> result of every job, how many came from ``cache``): cached results where present,
+    the others compiled once per distinct key by ``workers`` forked processes, the longest
+    expected first."""
+    results, todo = {}, {}
+    for job in jobs:
+        key = job.key()
+        if key in results or key in todo:
+            continue
+        hit = cache.get(key)
+        if hit is not None:
+            results[key] = hit
+        else:
+            todo[key] = job
+    cached = len(results)
+    progress(f"{cached} compiles cached, {len(todo)} to do with {workers} processes")
+    if not todo:
+        return results, cached
+    known = cache.durations()
+    order = sorted(todo, key=lambda k: -known.get(todo[k].label(), todo[k].expected_seconds()))
+    _JOBS[:] = [todo[key] for key in order]
+    total_cpu = 0.0
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = {pool.submit(_compile_one, *item): key for key, item in todo.items()}
-        for i, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            compiled[futures[future]] = future.result()
-            progress(f"[{i}/{len(todo)}] {futures[future][0]} sm_{futures[future][-1]}")
+        futures = {pool.submit(_run_job, i): key for i, key in enumerate(order)}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            key = futures[future]
+            results[key], seconds, cpu = future.result()
+            cache.put(key, results[key])
+            known[todo[key].label()] = round(seconds, 1)
+            total_cpu += cpu
+            label = todo[key].label()
+            progress(f"[{done}/{len(todo)}] {seconds:6.1f} s ({cpu:5.1f} s CPU)  {label}")
+    cache.put("durations", known)
+    progress(f"compiled in {total_cpu:.0f} s of CPU")
+    return results, cached
+
+
+def triton_rows(launches: list[Launch], archs, results: dict) -> list[dict]:
+    """One row per launch and arch from the compiled ``results`` (``run_jobs``)."""
     times = measured_times()
     rows = []
     for launch in launches:
         for arch in archs:
-            facts = compiled[launch.key(arch)]
+            facts = results[Job(arch, launch).key()]
             achieved = ""
             dtype = _NAME[launch.dtype]
             if launch.measured and (hit := times.get((*launch.measured, "triton", dtype))):
                 ms, bandwidth = hit
                 achieved = f"{launch.ideal / (ms * 1e-3) / bandwidth:.3f}"
             rows.append(finish({
-                "op": launch.op, "kernel": launch.kernel.fn.__name__, "backend": "triton",
+                "op": launch.op, "kernel": launch.name(), "backend": "triton",
                 "arch": arch, "dtype": dtype, "shape": launch.shape, **facts,
                 "ideal_bytes": launch.ideal or "", "achieved": achieved if arch == 90 else "",
             }))  # fmt: skip
@@ -661,10 +958,75 @@ def predictions(rows: list[dict]) -> list[str]:
     return lines
 
 
+#: Ops whose kernels stream memory without matrix products: a 16-bit row there should load and
+#: store 16 bytes at a time where rows are aligned.
+BANDWIDTH_BOUND = (
+    "adam", "bias_dropout_add", "deform_conv2d", "layer_norm", "quick_gelu", "swin_softmax",
+    "window_process",
+)  # fmt: skip
+
+
+def _grouped(rows: list[dict], keep, describe) -> list[str]:
+    """One markdown line per (op, backend, kernel, dtype, arch) among the ``rows`` where
+    ``keep(row)``: how many of its shapes (rows) and ``describe(members)``."""
+    groups: dict = {}
+    for row in rows:
+        if keep(row):
+            key = (row["op"], row["backend"], row["kernel"], row["dtype"], int(row["arch"]))
+            groups.setdefault(key, []).append(row)
+    lines = []
+    for (op, backend, kernel, dtype, arch), members in sorted(groups.items()):
+        lines.append(
+            f"- {op} {backend} `{kernel}` {dtype} sm_{arch} ({len(members)} rows): "
+            f"{describe(members)}"
+        )
+    return lines or ["- none"]
+
+
+def findings(rows: list[dict]) -> list[str]:
+    """Markdown sections listing the rows that break the report's rules: spills or local
+    memory; 16-bit bandwidth-bound kernels without 16-byte global loads or stores; attention
+    matrix products (the Triton window-attention kernels; the CUDA backend's products are
+    cuBLAS calls) without tensor-core instructions."""
+
+    def spilled(members):
+        spills = max(int(r["spill_bytes"]) for r in members)
+        local = max(int(r["local"]) for r in members)
+        return f"spill bytes up to {spills}, local memory up to {local} B per thread"
+
+    def widths(members):
+        ldg = sorted({int(r["ldg_bits"]) for r in members})
+        stg = sorted({int(r["stg_bits"]) for r in members})
+        return f"widest load {'/'.join(map(str, ldg))} bits, store {'/'.join(map(str, stg))} bits"
+
+    def narrow(row):
+        wide = min(int(row["ldg_bits"]), int(row["stg_bits"])) >= 128
+        return row["dtype"] in ("fp16", "bf16") and row["op"] in BANDWIDTH_BOUND and not wide
+
+    def products(members):
+        return f"ctas/SM {sorted({int(r['ctas_per_sm']) for r in members})}, no mma"
+
+    return [
+        "### Spills or local memory", "",
+        *_grouped(rows, lambda r: int(r["spill_bytes"]) or int(r["local"]), spilled), "",
+        "### 16-bit bandwidth-bound kernels without 16-byte global accesses", "",
+        *_grouped(rows, narrow, widths), "",
+        "### Attention matrix products without tensor-core instructions", "",
+        *_grouped(
+            rows,
+            lambda r: r["op"] == "window_attention" and r["backend"] == "triton"
+            and not int(r["mma"]),
+            products,
+        ),
+        "",
+    ]  # fmt: skip
+
+
 def markdown(rows: list[dict], header: str = "") -> str:
-    """The report as markdown: ``header``, the per-family predictions and one table row per
-    kernel launch (``FIELDS`` columns)."""
-    lines = [header, "## What the report predicts", "", *predictions(rows), "", "## Kernels", ""]
+    """The report as markdown: ``header``, the findings, the per-family predictions and one
+    table row per kernel launch (``FIELDS`` columns)."""
+    lines = [header, "## Findings", "", *findings(rows)]
+    lines += ["## What the report predicts", "", *predictions(rows), "", "## Kernels", ""]
     lines.append("| " + " | ".join(FIELDS) + " |")
     lines.append("|" + "---|" * len(FIELDS))
     for row in rows:
@@ -684,38 +1046,59 @@ by the {arch} rules; mma: tensor-core instructions (HMMA/HGMMA/...) in the SASS;
 stg_bits: widest global load / store; ideal_bytes: what the op must read and write once for the
 shape (on the op's main kernel row); achieved: ideal_bytes / measured H100 time / measured copy
 bandwidth (3006 GB/s) where benchmarks/results holds a time for that op, shape and dtype.
-deform_conv2d: the package has no such kernel, so no rows.
+Triton launches are specialised as Triton's runtime specialises them at the shape (integer
+arguments equal to 1 as constants, multiples of 16 as divisible); deform_conv2d's are recorded
+from its launchers (its three matrix products and the deterministic path's sort are ATen calls,
+not kernels of this package, so not here). This run: {compiled} distinct compiles ({cached}
+from the cache) with {workers} processes, {seconds:.0f} s in all.
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sm_90, fp32 and bf16 only")
-    parser.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    parser.add_argument(
+        "--workers", type=int, default=2, help="compile processes (default 2: this machine's cores)"
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=default_cache_dir(), help="compile results kept here"
+    )
+    parser.add_argument("--no-cache", action="store_true", help="compile everything afresh")
     args = parser.parse_args()
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
     start = time.time()
     archs = (90,) if args.quick else (90, 80)
     dtypes = [torch.float32, torch.bfloat16]
     if not args.quick:
         dtypes.insert(1, torch.float16)
-    rows = triton_rows(triton_launches(dtypes), archs, args.workers)
-    for source in sorted(CUDA_DIR.glob("*.cu")):
+    launches = triton_launches(dtypes)
+    sources = sorted(CUDA_DIR.glob("*.cu"))
+    jobs = [Job(arch, launch) for launch in launches for arch in archs]
+    jobs += [Job(arch, source=source) for source in sources for arch in archs]
+    cache = ResultCache(None if args.no_cache else args.cache)
+    results, cached = run_jobs(jobs, args.workers, cache, lambda line: print(line, flush=True))
+    rows = triton_rows(launches, archs, results)
+    for source in sources:
         for arch in archs:
-            rows += [finish(r) for r in compile_cuda(source, arch)]
-            print(f"{source.name} sm_{arch}", flush=True)
+            compiled = results[Job(arch, source=source).key()]
+            rows += [finish(row) for row in cuda_rows(source, arch, compiled)]
     suffix = "_quick" if args.quick else ""
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / f"kernel_report{suffix}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in FIELDS} for r in rows)
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-    version = re.search(r"release [\d.]+", nvcc)
+    version = re.search(r"release [\d.]+", nvcc_version())
     header = HEADER.format(
         mode="--quick" if args.quick else "full run",
         triton=triton.__version__,
         nvcc=f"nvcc {version.group(0)}" if version else "nvcc",
         arch=" / ".join(f"sm_{a}" for a in archs),
+        compiled=len(results),
+        cached=cached,
+        workers=args.workers,
+        seconds=time.time() - start,
     )
     (RESULTS / f"kernel_report{suffix}.md").write_text(markdown(rows, header))
     print(f"{len(rows)} rows in {time.time() - start:.0f} s", flush=True)

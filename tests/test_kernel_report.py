@@ -4,6 +4,7 @@ kernel through nvcc, a tiny Triton kernel through _static) and the markdown writ
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,32 @@ template __global__ void tiny<float>(const float4*, float4*, int);
         assert facts["mma"] == 0
 
 
+@pytest.mark.parametrize(
+    "demangled, name, dtype",
+    [
+        (
+            "void fusedops::(anonymous namespace)::nms_mask_kernel<float, true>(float const*, "
+            "long const*, long const*, unsigned long*, long, long, float, float)",
+            "nms_mask_kernel<float, true>",
+            "fp32",
+        ),
+        (
+            "void fusedops::(anonymous namespace)::columns_kernel<__nv_bfloat16, "
+            "fusedops::(anonymous namespace)::FastDivider>(__nv_bfloat16 const*, "
+            "fusedops::(anonymous namespace)::Sizes<fusedops::(anonymous namespace)::"
+            "FastDivider>)",
+            "columns_kernel<__nv_bfloat16, FastDivider>",
+            "bf16",
+        ),
+        ("void tiny<__half>(float4 const*, float4*, int)", "tiny<__half>", "fp16"),
+        ("fusedops::plain_kernel(int)", "plain_kernel", "-"),
+    ],
+)
+def test_cuda_kernel_names(demangled, name, dtype):
+    assert kernel_report.cuda_kernel_name(demangled) == name
+    assert kernel_report._cuda_dtype(demangled) == dtype
+
+
 @triton.jit
 def _tiny_dot(a_ptr, b_ptr, c_ptr, n, BLOCK: tl.constexpr):
     rows = tl.arange(0, BLOCK)
@@ -170,3 +197,172 @@ def test_markdown_writer():
     assert table[0] == "| " + " | ".join(kernel_report.FIELDS) + " |"
     assert len(table) == 3  # header, rule, one row
     assert table[2].split(" | ")[kernel_report.FIELDS.index("ctas_per_sm")] == "8"
+
+
+def _row(**fields) -> dict:
+    """A clean report row (no spills, 16-byte accesses, tensor cores) with ``fields`` changed."""
+    row = dict(
+        op="layer_norm", kernel="k", backend="triton", arch=90, dtype="bf16", shape="s",
+        threads=128, registers=32, spill_bytes=0, local=0, shared=0, mma=0, ldg_bits=128,
+        stg_bits=128, ideal_bytes="", achieved="",
+    )  # fmt: skip
+    return kernel_report.finish({**row, **fields})
+
+
+def test_findings_list_what_breaks_the_rules():
+    clean = [
+        _row(),
+        _row(op="window_attention", mma=8),
+        _row(op="nms", ldg_bits=32),  # not bandwidth-bound
+        _row(dtype="fp32", ldg_bits=32),  # 4-byte accesses are the rule for 16-bit rows only
+        _row(op="window_attention", backend="cuda"),  # its products are cuBLAS calls
+    ]
+    text = "\n".join(kernel_report.findings(clean))
+    assert text.count("- none") == 3
+    broken = clean + [
+        _row(kernel="spilling", spill_bytes=24, local=24, arch=80),
+        _row(kernel="spilling", local=16, arch=80, shape="t"),
+        _row(op="deform_conv2d", kernel="narrow", ldg_bits=16),
+        _row(op="deform_conv2d", kernel="narrow", dtype="fp16", stg_bits=64),
+        _row(op="window_attention", kernel="fma", dtype="fp32"),
+    ]
+    text = "\n".join(kernel_report.findings(broken))
+    assert "- none" not in text
+    assert (
+        "- layer_norm triton `spilling` bf16 sm_80 (2 rows): spill bytes up to 24, "
+        "local memory up to 24 B per thread" in text
+    )
+    assert "- deform_conv2d triton `narrow` bf16 sm_90 (1 rows): widest load 16 bits" in text
+    assert (
+        "- deform_conv2d triton `narrow` fp16 sm_90 (1 rows): widest load 128 bits, store 64"
+        in text
+    )
+    assert "- window_attention triton `fma` fp32 sm_90 (1 rows): ctas/SM [16], no mma" in text
+    assert text.count("\n- ") == 4  # one line per group
+
+
+class _CountingJob(kernel_report.Job):
+    """A job that compiles nothing: its result names its arch and the process that ran it."""
+
+    def key(self) -> str:
+        return f"counting-{self.arch}"
+
+    def label(self) -> str:
+        return f"counting sm_{self.arch}"
+
+    def run(self):
+        return {"arch": self.arch, "pid": os.getpid()}
+
+
+def test_run_jobs_dedupes_and_caches(tmp_path):
+    cache = kernel_report.ResultCache(tmp_path / "cache")
+    jobs = [_CountingJob(90), _CountingJob(90), _CountingJob(80)]
+    results, cached = kernel_report.run_jobs(jobs, 2, cache, progress=lambda line: None)
+    assert cached == 0 and sorted(results) == ["counting-80", "counting-90"]
+    assert {r["arch"] for r in results.values()} == {80, 90}
+    assert all(r["pid"] != os.getpid() for r in results.values())  # run by the workers
+    assert set(cache.durations()) == {"counting sm_90", "counting sm_80"}
+    again, cached = kernel_report.run_jobs(jobs, 2, cache, progress=lambda line: None)
+    assert cached == 2 and again == results  # nothing compiled: the same pids
+    fresh, cached = kernel_report.run_jobs(
+        jobs, 1, kernel_report.ResultCache(None), progress=lambda line: None
+    )
+    assert cached == 0 and sorted(fresh) == sorted(results)
+
+
+def test_cuda_job_key_follows_the_sources(tmp_path):
+    source, header = tmp_path / "op.cu", tmp_path / "device.cuh"
+    source.write_text("__global__ void k() {}\n")
+    header.write_text("// a header\n")
+    key = kernel_report.Job(90, source=source).key()
+    assert kernel_report.Job(90, source=source).key() == key
+    assert kernel_report.Job(80, source=source).key() != key
+    header.write_text("// a header, changed\n")
+    changed = kernel_report.Job(90, source=source).key()
+    assert changed != key
+    source.write_text("__global__ void k() { }\n")
+    assert kernel_report.Job(90, source=source).key() not in (key, changed)
+
+
+@triton.jit
+def _scaled_copy(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets * stride, mask=offsets < n)
+    tl.store(y_ptr + offsets, x * scale, mask=offsets < n)
+
+
+def _launcher(module, x, y, n, stride):
+    module._scaled_copy[(1,)](x, y, n, stride, 0.5, BLOCK=128, num_warps=2)
+
+
+_LAUNCH_FACTS = """
+import json, sys, torch
+sys.path.insert(0, 'benchmarks')
+import kernel_report
+from fusedops.kernels.triton import _static, deform_conv2d
+from tests import test_kernel_report as here
+
+def facts(launch):
+    constexprs = {k: str(v) for k, v in launch.constexprs.items()}
+    return dict(name=launch.name(), kernel=launch.kernel.fn.__name__, shape=launch.shape,
+                constexprs=constexprs, types=launch.types, divisible=list(launch.divisible),
+                warps=launch.num_warps, ideal=launch.ideal)
+
+meta = torch.empty(0, dtype=torch.float16, device='meta')
+calls = kernel_report.recorded_calls(
+    here, lambda: here._launcher(here, meta, meta.float(), 2**31 + 16, 1))
+calls += kernel_report.recorded_calls(here, lambda: here._launcher(here, meta, meta, 96, 3))
+tiny = [kernel_report.launch_of('tiny', c, torch.float16, 's') for c in calls]
+dcn = [l for l in kernel_report.triton_launches([torch.float32]) if l.op == 'deform_conv2d']
+print(json.dumps(dict(
+    tiny=[facts(l) for l in tiny], restored=type(here._scaled_copy).__name__,
+    kernels=sorted(_static._jit_functions(deform_conv2d)), dcn=[facts(l) for l in dcn],
+)))
+"""
+
+
+@pytest.fixture(scope="module")
+def launch_facts() -> dict:
+    """Launches recorded from launchers in a fresh interpreter with Triton's interpreter off
+    (recording needs compiled-kernel objects; nothing is compiled or launched)."""
+    done = run_python("-c", _LAUNCH_FACTS, cwd=ROOT, env={"TRITON_INTERPRET": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_recorded_launch_is_specialised_as_triton_does(launch_facts):
+    wide, narrow = launch_facts["tiny"]
+    assert launch_facts["restored"] == "JITFunction"  # the recorder put the kernel back
+    assert wide["types"] == {"x_ptr": "*fp16", "y_ptr": "*fp32", "n": "i64", "scale": "fp32"}
+    assert wide["constexprs"] == {"stride": "1", "BLOCK": "128"}  # an int equal to 1
+    assert wide["divisible"] == ["n"] and wide["warps"] == 2
+    assert narrow["types"]["n"] == narrow["types"]["stride"] == "i32"
+    assert narrow["divisible"] == ["n"] and narrow["constexprs"] == {"BLOCK": "128"}
+
+
+def test_deform_conv2d_kernels_are_in_the_report(launch_facts):
+    """Every deform_conv2d Triton kernel at every bench_dcn layer shape, both backward modes,
+    as its launchers call it (no compile); the CUDA source is compiled with the others."""
+    from bench_dcn import SHAPES
+
+    dcn = launch_facts["dcn"]
+    kernels = {name for name in launch_facts["kernels"] if name.endswith("_kernel")}
+    assert {launch["kernel"] for launch in dcn} == kernels
+    names = [
+        "_columns_kernel",
+        "_sample_grads_kernel (atomic)",
+        "_sample_grads_kernel (deterministic)",
+        "_segment_gather_kernel",
+    ]
+    assert [launch["name"] for launch in dcn] == names * len(SHAPES)
+    for name, batch, cin, cout, h, w, _ in SHAPES:
+        rows = [launch for launch in dcn if launch["shape"].startswith(f"{name} ")]
+        assert len(rows) == 4 and f"({batch}, {cin}, {h}, {w}) -> {cout}" in rows[0]["shape"]
+        sample_grads = rows[1:3]
+        assert [r["constexprs"]["ATOMIC"] for r in sample_grads] == ["True", "False"]
+        assert sample_grads[0]["types"]["grad_input_ptr"] == "*fp32"  # the fp32 accumulator
+        assert sample_grads[1]["types"]["keys_ptr"] == "*i64"
+        assert all(r["constexprs"]["HAS_MASK"] == "True" for r in rows[:3])
+        assert all(r["ideal"] > batch * cin * h * w * 4 for r in rows)
+    assert "deform_conv2d" in kernel_report.CUDA_THREADS
+    assert (kernel_report.CUDA_DIR / "deform_conv2d.cu").exists()

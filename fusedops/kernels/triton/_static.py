@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import triton
 
@@ -75,32 +74,44 @@ def signature_of(kernel, constexprs: dict, pointer: str, scalars: dict | None = 
     return {name: kind(name) for name in kernel.arg_names}
 
 
-def _ptxas_resources(ptx: str, arch: int, name: str) -> tuple[int, int, int]:
-    """(registers, spill store bytes, spill load bytes) of entry function ``name``, from
-    ``ptxas -v`` on ``ptx``."""
-    from triton.backends.nvidia import compiler
+def parse_ptxas(text: str) -> dict:
+    """Per entry function of ``ptxas -v`` output (Triton's or nvcc's): registers, stack
+    (bytes), spill_stores, spill_loads (bytes per thread), smem (static bytes)."""
+    out = {}
+    for section in text.split("Compiling entry function '")[1:]:
+        name = section.split("'", 1)[0]
 
-    if hasattr(compiler, "get_ptxas"):
-        try:  # Triton 3.9 picks ptxas by arch, earlier versions take no argument
-            ptxas = compiler.get_ptxas(arch).path
-        except TypeError:
-            ptxas = compiler.get_ptxas().path
-    else:  # Triton <= 3.3
-        ptxas = compiler._path_to_binary("ptxas")[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        source = os.path.join(tmp, "kernel.ptx")
-        with open(source, "w") as f:
-            f.write(ptx)
-        command = [ptxas, "-v", f"--gpu-name={compiler.sm_arch_from_capability(arch)}", source]
-        command += ["-o", os.path.join(tmp, "kernel.cubin")]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-    text = done.stdout + done.stderr
-    # the entry function's section: "Compiling entry function 'name'" up to the next one
-    section = text.split(f"Compiling entry function '{name}'", 1)[-1]
-    section = section.split("Compiling entry function", 1)[0]
-    registers = int(re.search(r"Used (\d+) registers", section).group(1))
-    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", section)
-    return registers, int(spills.group(1)), int(spills.group(2))
+        def number(pattern: str, section: str = section) -> int:
+            found = re.search(pattern, section)
+            return int(found.group(1)) if found else 0
+
+        out[name] = {
+            "registers": number(r"Used (\d+) registers"),
+            "stack": number(r"(\d+) bytes stack frame"),
+            "spill_stores": number(r"(\d+) bytes spill stores"),
+            "spill_loads": number(r"(\d+) bytes spill loads"),
+            "smem": number(r"(\d+) bytes smem"),
+        }
+    return out
+
+
+def compile_logged(source, arch: int, options: dict):
+    """``triton.compile(source)`` for CUDA compute capability ``arch`` with ``options``
+    (num_warps, num_stages, ...), always compiled afresh (Triton's cache would skip ptxas):
+    (the compiled kernel, the ``ptxas -v`` log of Triton's own ptxas run, the one that made
+    its cubin). One ptxas run per kernel, with Triton's flags."""
+    import contextlib
+    import io
+
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    log = io.StringIO()
+    with knobs.nvidia.scope(), knobs.compilation.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True
+        knobs.compilation.always_compile = True
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    return compiled, log.getvalue()
 
 
 def compile_static(
@@ -117,8 +128,9 @@ def compile_static(
     (90: H100) with ``signature`` (name -> Triton type, see ``signature_of``), ``constexprs``
     (name -> value) and the launch options ``num_warps``/``num_stages`` (Triton's defaults: 4,
     3), on any machine: no GPU is used. Returns its shared memory per block; with
-    ``resources`` also registers and spills (one more ptxas run). Compiled kernels land in
-    Triton's cache, so asking again is quick. Under TRITON_INTERPRET=1 (the CPU tests) the
+    ``resources`` also registers and spills (from the log of Triton's own ptxas run: the
+    kernel is then compiled afresh). Compiled kernels land in Triton's cache, so asking again
+    without ``resources`` is quick. Under TRITON_INTERPRET=1 (the CPU tests) the
     compile runs in a fresh Python process with the interpreter off, the kernel imported there
     from its module by name (a module-level kernel)."""
     if not isinstance(arch, int) or arch < 70:
@@ -150,7 +162,10 @@ def _compile(kernel, request: dict) -> StaticInfo:
     arch, constexprs = request["arch"], request["constexprs"]
     source = triton.compiler.ASTSource(kernel, request["signature"], constexprs)
     options = {"num_warps": request["num_warps"], "num_stages": request["num_stages"]}
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    if request["resources"]:
+        compiled, log = compile_logged(source, arch, options)
+    else:
+        compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     info = StaticInfo(
         request["kernel"],
         int(compiled.metadata.shared),
@@ -158,9 +173,12 @@ def _compile(kernel, request: dict) -> StaticInfo:
         options["num_stages"],
     )
     if request["resources"]:
-        registers, stores, loads = _ptxas_resources(compiled.asm["ptx"], arch, info.name)
+        found = parse_ptxas(log)[compiled.metadata.name]
         info = dataclasses.replace(
-            info, registers=registers, spill_stores=stores, spill_loads=loads
+            info,
+            registers=found["registers"],
+            spill_stores=found["spill_stores"],
+            spill_loads=found["spill_loads"],
         )
     return info
 

@@ -3,11 +3,12 @@
 
 Singular vectors and eigenvectors are unique up to sign (a phase for complex ones) only, so
 most tests compare what is invariant: values, the projector onto each eigenvalue cluster
-(``V_c V_c^T``), the reconstruction (``U S Vh``, ``V diag(w) V^T``), orthonormality. The SVD
-lowering also follows the path torch's CPU LAPACK takes (``fusedops.xla.lower_linalg._svd``),
-so on shapes whose sign decisions are not within rounding of a tie (measured: none of 12,000
-random matrices per dtype with at most 3 rows or columns, but 2 x 3) U and Vh equal eager's
-elementwise: ``test_svd_vectors_equal_eager``.
+(``V_c V_c^T``), the reconstruction (``U S Vh``, ``V diag(w) V^T``), orthonormality, for
+``eig`` the residual ``A v - w v`` of unit vectors. The SVD lowering also takes the path
+torch's CPU LAPACK takes (``fusedops.xla.lower_linalg._svd``), so where the sign decisions are
+not within rounding of a tie U and Vh equal eager's elementwise: ``test_svd_vectors_equal_eager``
+on matrices with at most 3 rows or columns (measured: no sign differed in about 28,000 random
+ones per dtype up to 8 x 18, 2 x 3 excepted; larger ones differ in up to a few percent).
 
 Tolerances follow ``fusedops.testing.tolerance``: values within roundoff of the matrix norm
 (``terms``: the length of the sums behind one entry); a vector or projector within roundoff
@@ -202,3 +203,32 @@ def test_eigh_projectors_match_eager(n, uplo, dtype):
             want = v[i][:, group] @ v[i][:, group].mT
             magnitude = float(norm[i]) / gap if gap < float("inf") else 1.0
             assert_close(got, want, terms=n, magnitude=magnitude, msg=f"projector {i} {group}")
+
+
+# ------------------------------------------------------------------------------------------- eig
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("n", [4, 9])
+def test_eig_values_and_residuals(n, dtype):
+    """linalg.eig: eager's eigenvalues (each within roundoff x norm x its condition number
+    ||x|| ||y|| / |y^H x|, from eager's left and right vectors), and the program's vectors are
+    unit eigenvectors of A (A v = w v within roundoff x norm x that condition number)."""
+    a = random_tensor((2, n, n), dtype, DEVICE)
+    w, v = torch.linalg.eig(a)
+    tw, tv = _traced(torch.linalg.eig, a)
+    assert tw.dtype == w.dtype and tv.dtype == v.dtype
+    left = torch.linalg.inv(v.to(torch.complex128))  # rows: y_i^H with y_i^H x_i = 1
+    condition = left.abs().square().sum(-1).sqrt() * v.abs().square().sum(-2).sqrt()
+    norm = torch.linalg.matrix_norm(a.double(), 2)
+    real = torch.float64 if dtype == torch.float64 else torch.float32
+    for i in range(2):
+        # the program's eigenvalue nearest each of eager's, one for one
+        nearest = (w[i][:, None] - tw[i][None, :]).abs().argmin(-1)
+        assert sorted(nearest.tolist()) == list(range(n)), (w[i], tw[i])
+        bound = (norm[i] * condition[i]).to(real)
+        assert_close(tw[i][nearest].real, w[i].real, terms=n, magnitude=bound, msg="Re w")
+        assert_close(tw[i][nearest].imag, w[i].imag, terms=n, magnitude=bound, msg="Im w")
+        residual = a[i].to(tv.dtype) @ tv[i] - tv[i] * tw[i][None, :]
+        zero = torch.zeros(n, n, dtype=real)
+        magnitude = (norm[i] * condition[i][nearest.argsort()]).to(real)[None, :]
+        assert_close(residual.abs(), zero, terms=n, magnitude=magnitude, msg="A v - w v")
+        assert_close(tv[i].abs().square().sum(0), torch.ones(n, dtype=real), terms=n, msg="|v|")

@@ -113,8 +113,8 @@ def test_svd_invariants_match_eager(shape, dtype):
     assert_close(tu.mT @ tu, eye, terms=max(m, n), msg="U^T U")
     assert_close(tvh @ tvh.mT, eye, terms=max(m, n), msg="Vh Vh^T")
     magnitude = _over_gap(norm, _separation(s, torch.zeros_like(norm)))
-    for got, want in ((tu, u), (tvh.mT, vh.mT)):
-        projector = got[..., :, :, None] * got[..., :, None, :]  # per column j: u_j u_j^T
+    for got, want in ((tu.mT, u.mT), (tvh, vh)):  # rows: the singular vectors
+        projector = got[..., :, :, None] * got[..., :, None, :]  # per vector u_j: u_j u_j^T
         expected = want[..., :, :, None] * want[..., :, None, :]
         assert_close(projector, expected, terms=max(m, n), magnitude=magnitude[..., None])
 

@@ -10,6 +10,7 @@ products and solves, so they need no lowering of their own.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -165,14 +166,87 @@ def _qr(a, mode="reduced"):
     return q, r
 
 
+#: torch's CPU LAPACK is MKL's (the x86 wheels): its gesdd takes other paths than reference
+#: LAPACK's (JAX's on the CPU), so the singular vectors' signs differ unless the paths agree
+_TORCH_MKL = torch.backends.mkl.is_available()
+
+
+def _gesdd_rows(m: int, n: int) -> int | None:
+    """Rows of zeros to append to an m x n matrix (None: none) so that reference LAPACK's
+    gesdd takes the path MKL's gesdd takes for m x n (measured on MKL 2024.2, torch 2.13):
+
+    - tall: MKL factors A = QR first from m >= int(1.5 n), reference LAPACK from
+      m >= int(11 n / 6); zero rows up to the latter make it take the QR path too (Q's
+      reflectors leave the zero rows alone: the first m rows of U are MKL's);
+    - wide: MKL bidiagonalizes A itself up to n < 20 m (then A = LQ first, as reference does
+      from n >= int(11 m / 6)); zero rows up to the first m' with n < int(11 m' / 6) make
+      reference bidiagonalize too (the zero rows stay zero: the same reflectors, the
+      appended rows' singular values 0). One shape has no such m': 2 x 3.
+    """
+    if m > n:
+        reference = int(n * 11 / 6)
+        return reference if int(1.5 * n) <= m < reference else None
+    if m < 2 or n < int(m * 11 / 6) or n >= 20 * m:
+        return None
+    rows = m
+    while int(rows * 11 / 6) <= n:
+        rows += 1
+    return rows if rows < n else None
+
+
+def _svd_on_mkl_path(a, rows: int, full_matrices: bool):
+    """``jnp.linalg.svd(a)`` through zero rows appended up to ``rows`` (``_gesdd_rows``)."""
+    m, n = a.shape[-2:]
+    widths = [(0, 0)] * (a.ndim - 2) + [(0, rows - m), (0, 0)]
+    u, s, vh = jnp.linalg.svd(jnp.pad(a, widths), full_matrices=full_matrices)
+    if m > n:
+        return u[..., :m, :m] if full_matrices else u[..., :m, :n], s, vh
+    u_a, s_a = u[..., :m, :m], s[..., :m]
+    if full_matrices:
+        # Vh's rows m..rows-1 belong to the appended rows' zero singular values, in the order
+        # the bidiagonal solver sorted them; U's columns there are those rows' unit vectors
+        # (+-e_k): put each row back in place k, as MKL has them
+        back = jnp.matmul(u[..., m:rows, m:rows], vh[..., m:rows, :], precision=_HIGHEST)
+        vh_a = jnp.concatenate([vh[..., :m, :], back, vh[..., rows:, :]], axis=-2)
+    else:
+        vh_a = vh[..., :m, :]
+    # a zero singular value of A itself ties with the appended ones: its U column may be one
+    # of theirs (zero in A's rows); such matrices take reference LAPACK's result
+    ok = jnp.all(jnp.sum(u_a * jnp.conj(u_a), axis=-2).real > 0.5, axis=-1)
+
+    def mixed():
+        plain = jnp.linalg.svd(a, full_matrices=full_matrices)
+        return tuple(
+            jnp.where(ok.reshape(ok.shape + (1,) * (x.ndim - ok.ndim)), x, y)
+            for x, y in zip((u_a, s_a, vh_a), plain)
+        )
+
+    return jax.lax.cond(jnp.all(ok), lambda: (u_a, s_a, vh_a), mixed)
+
+
 @register(aten._linalg_svd.default)
 def _svd(a, full_matrices=False, compute_uv=True, driver=None):
+    """U, S, Vh as torch's CPU result: singular vectors are unique up to sign only and torch
+    documents no sign; its LAPACK (MKL on x86) fixes them by the path its gesdd takes, which
+    the CPU program takes too (``_gesdd_rows``). Same path, same signs, but where the
+    algorithm's sign decisions are within rounding of a tie (LAPACK builds round differently:
+    measured on random inputs up to 8 x 18, up to 0.5% of float64 and 2% of float32 matrices
+    of a shape have a column of the other sign; torch's own float32 and float64 results
+    differ far more often, in 40% of 8 x 15 matrices), and for 2 x 3 (about half the
+    columns). Off the CPU, XLA's SVD as it is."""
     if not compute_uv:
         s = jnp.linalg.svd(a, compute_uv=False)
         empty = jnp.zeros((0,), a.dtype)
         return empty, s, empty
-    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
-    return u, s, vh
+
+    def plain(x):
+        return tuple(jnp.linalg.svd(x, full_matrices=full_matrices))
+
+    rows = _gesdd_rows(*a.shape[-2:]) if _TORCH_MKL and not jnp.iscomplexobj(a) else None
+    if rows is None:
+        return plain(a)
+    on_mkl_path = functools.partial(_svd_on_mkl_path, rows=rows, full_matrices=full_matrices)
+    return jax.lax.platform_dependent(a, cpu=on_mkl_path, default=plain)
 
 
 @register(aten.linalg_matrix_exp.default)

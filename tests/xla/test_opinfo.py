@@ -2,11 +2,11 @@
 ``partial_trace(fn, fullgraph=True)`` against eager, forward and backward (``fusedops.xla.
 opinfo.check``).
 
-Every OpInfo of ``op_db`` that names (``aten_name``) an ATen op with a lowering is a test case:
-it must pass every sample run (float32 on the CPU, the first ``SAMPLES`` of PyTorch's own
-samples, fresh random values each run). ``EXCLUDED`` lists the exceptions and why, as few as
-possible. ``FUSEDOPS_OPINFO_SAMPLES`` raises the sample count (``benchmarks/opinfo_coverage.py``
-runs all of op_db with 3).
+Every OpInfo of ``op_db`` that names (``aten_name``) an ATen op with a lowering, or one of
+``COMPOSITES``, is a test case: it must pass every sample run (float32 on the CPU, the first
+``SAMPLES`` of PyTorch's own samples, fresh random values each run). ``EXCLUDED`` lists the
+exceptions and why, as few as possible. ``FUSEDOPS_OPINFO_SAMPLES`` raises the sample count
+(``benchmarks/opinfo_coverage.py`` runs all of op_db with 3).
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ def _lowered(info) -> bool:
     )
 
 
+#: OpInfos whose own ATen op is a composite of lowered ones (``_linalg_svd``, ``_linalg_eigh``)
+COMPOSITES = frozenset(("linalg.svd", "svd", "linalg.svdvals", "linalg.eigh", "linalg.eigvalsh"))
+
 CASES = sorted(
     opinfo.opinfo_id(info)
     for info in opinfo.op_db()
-    if _lowered(info) and torch.float32 in info.supported_dtypes("cpu")
+    if (_lowered(info) or opinfo.opinfo_id(info) in COMPOSITES)
+    and torch.float32 in info.supported_dtypes("cpu")
 )
 BY_ID = {opinfo.opinfo_id(info): info for info in opinfo.op_db()}
 

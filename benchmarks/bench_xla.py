@@ -4,18 +4,21 @@ CPU models (the default without a GPU): (a) MLP, 4 Linear layers of width 1024, 
 ViT-style stack, dim 256, 4 heads, sequence 196, batch 8, 4 blocks. GPU (``--device cuda``, the
 default where CUDA is present): a ViT-B/16 (224x224 images, 12 blocks of width 768, batch 64).
 For each backend: median and 20th percentile of the forward+backward step times pooled over all
-its processes, first-call (compile) time. Each backend runs in its own process (2 x --rounds
-times, mirrored order), so thread pools of different runtimes (OpenMP for eager/inductor, XLA's
-own) never compete, and load drifts of a shared machine hit every backend alike; the 20th
-percentile shows speed with bursts of load (the 2-core CPU machine has steps 1.9x the fastest)
-left out. Also the bridge's cost per tensor crossing (cached parameter torch->JAX, activation
+its processes, first-call (compile) time. Each backend runs alone in a fresh process (2 x
+--rounds times, mirrored order) in its default settings: no ``OMP_WAIT_POLICY`` for any (eager
+and inductor as users run them; partial_trace with what it sets up itself, ``fusedops.xla.omp``),
+so load drifts of a shared machine hit every backend alike; the 20th percentile shows speed
+with bursts of load (the 2-core CPU machine has steps 1.9x the fastest) left out. Backend
+``xla_jax_first`` is partial_trace in a process that imports jax before torch (``xla``:
+torch first). Also the bridge's cost per tensor crossing (cached parameter torch->JAX, activation
 torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
 ``benchmarks/results/cpu-xla.csv`` (GPU: ``<gpu>_xla.csv``) and the printed output to the
 ``.log`` beside it.
 
 Run: ``.venv/bin/python benchmarks/bench_xla.py [--steps N] [--rounds R] [--device cpu|cuda]
-[--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16] [--backends eager,xla,inductor]
-[--quick]`` (quick: 1 round of 6 steps, eager and xla, unless given; rows in ``..._xla_quick.csv``)
+[--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16]
+[--backends eager,xla,inductor,xla_jax_first] [--omp-wait-policy P] [--quick]`` (quick: 1 round
+of 6 steps, eager and xla, unless given; rows in ``..._xla_quick.csv``)
 """
 
 from __future__ import annotations
@@ -134,10 +137,16 @@ def build_case(model: str, batch: int | None, device: str, dtype: str):
     return case_name(model, batch, dtype), module.to(device, kind), _to(x, device, kind)
 
 
+#: backends of ``--backends``: partial_trace(xla) twice, torch imported first or jax first
+BACKENDS = ("eager", "xla", "inductor", "xla_jax_first")
+
+
 def make_forward(backend: str, model: nn.Module):
+    """``model`` run by ``backend`` (one of ``BACKENDS``): as is, under
+    ``partial_trace(backend="xla")`` or under ``torch.compile``."""
     if backend == "eager":
         return model
-    if backend == "xla":
+    if backend in ("xla", "xla_jax_first"):
         from fusedops.xla import partial_trace
 
         return partial_trace(model, backend="xla")
@@ -174,7 +183,8 @@ def time_backend(backend: str, model: nn.Module, x, steps: int):
 def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> dict:
     """Time one backend on one model (``case``: model, batch, device, dtype as strings) in a
     fresh process (so that OpenMP / XLA thread pools of different backends never run side by
-    side), with OMP_WAIT_POLICY=wait_policy ("" leaves OpenMP's default); returns
+    side), with OMP_WAIT_POLICY=wait_policy ("" leaves OpenMP's default, as the caller's
+    environment has it or not); ``xla_jax_first`` imports jax before torch. Returns
     {"ms": [per-step ms], "compile_s"}."""
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch on a GPU
@@ -182,7 +192,9 @@ def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> d
     if wait_policy:
         env["OMP_WAIT_POLICY"] = wait_policy
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import torch; "
+        "import json, sys; sys.path.insert(0, sys.argv[1]); "
+        + ("import jax; " if backend == "xla_jax_first" else "")
+        + "import torch; "
         "from benchmarks import bench_xla as b; torch.manual_seed(0); "
         "m, batch, device, dtype = sys.argv[4:8]; "
         "name, model, x = b.build_case(m, int(batch), device, dtype); "
@@ -237,7 +249,9 @@ def bridge_overhead_us(n: int = 2000) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="default 21 (quick: 6)")
-    parser.add_argument("--backends", default=None, help="default eager,xla,inductor")
+    parser.add_argument(
+        "--backends", default=None, help=f"of {BACKENDS}, default eager,xla,inductor"
+    )
     parser.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
@@ -265,10 +279,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--omp-wait-policy",
-        default="PASSIVE",
-        help="OMP_WAIT_POLICY of every backend's process ('' = OpenMP's default). PASSIVE: "
-        "torch's OpenMP threads sleep instead of spinning between ops, leaving the cores to "
-        "XLA's threads (on 2 cores the spinning costs partial_trace about 30%%)",
+        default="",
+        help="OMP_WAIT_POLICY of every backend's process (default '': OpenMP's default, as "
+        "users run; PASSIVE makes torch's threads sleep between ops, which slows eager)",
     )
     add_quick_flag(parser)
     args = parser.parse_args()
@@ -287,6 +300,8 @@ def main() -> None:
     unknown = sorted(set(models) - set(CASES))
     if unknown or args.rounds < 1 or args.steps < 1:
         parser.error(f"--models from {sorted(CASES)} (not {unknown}), --rounds and --steps >= 1")
+    if set(backends) - set(BACKENDS):
+        parser.error(f"--backends from {BACKENDS}, not {sorted(set(backends) - set(BACKENDS))}")
     if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         parser.error(f"--dtype {args.dtype!r} is not a torch dtype")
     lines: list[str] = []
@@ -302,12 +317,13 @@ def main() -> None:
     say(
         f"fusedops.xla {args.device.upper()} benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}"
         f"  {device}  torch {torch.__version__}  load average at start {load:.2f}  "
-        f"OMP_WAIT_POLICY={args.omp_wait_policy or '(default)'} for every backend"
+        f"OMP_WAIT_POLICY={args.omp_wait_policy or '(default)'} for every backend, "
+        f"{os.environ.get('FUSEDOPS_XLA_PARK_OMP') or 'default'} FUSEDOPS_XLA_PARK_OMP"
     )
     bridge = bridge_overhead_us()
     say("bridge crossing cost: " + ", ".join(f"{k}={v:.1f}" for k, v in bridge.items()))
     header = (
-        f"{'model':28} {'backend':10} {'step_ms':>9} {'compile_s':>9} {'vs eager':>9} "
+        f"{'model':28} {'backend':14} {'step_ms':>9} {'compile_s':>9} {'vs eager':>9} "
         f"{'p20_ms':>9} {'vs eager':>9}"
     )
     say(header)
@@ -344,7 +360,7 @@ def _run_models(args, backends, models, device, path, bridge, say) -> int:
             ratio = f"{ms / eager_ms:.2f}x" if eager_ms else "-"
             p20_ratio = f"{p20 / _percentile20(pooled['eager']):.2f}x" if eager_ms else "-"
             say(
-                f"{name:28} {backend:10} {ms:9.2f} {compile_s:9.2f} {ratio:>9} {p20:9.2f} "
+                f"{name:28} {backend:14} {ms:9.2f} {compile_s:9.2f} {ratio:>9} {p20:9.2f} "
                 f"{p20_ratio:>9}"
             )
             spread = "/".join(f"{statistics.median(r['ms']):.1f}" for r in runs[backend])
@@ -354,7 +370,7 @@ def _run_models(args, backends, models, device, path, bridge, say) -> int:
                 f"time/eager={ratio}; 20th percentile {p20:.1f} ms ({p20_ratio} eager's); "
                 f"OMP_WAIT_POLICY={args.omp_wait_policy or 'default'}"
             )
-            if backend == "xla":
+            if backend.startswith("xla"):
                 notes += "; " + "; ".join(f"{k}={v:.1f}" for k, v in bridge.items())
             rows.append([today, device, name, backend, f"{ms:.3f}", f"{compile_s:.2f}", notes])
         _append(path, rows)  # each model's rows as soon as they exist (a later one may fail)

@@ -5,7 +5,7 @@ step (eager ops between programs, autograd, Dynamo's guards), for ``bench_xla``'
 ``--gemm``: the weight- and input-gradient matrix products of a BERT layer (hidden 256, 1024
 tokens) in torch and in XLA with each CPU dot library of ``fusedops.xla.tune``.
 
-Run: ``OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/profile_xla.py [--models hf_bert,...]
+Run: ``.venv/bin/python benchmarks/profile_xla.py [--models hf_bert,...]
 [--steps N] [--eager] [--gemm]``. One process for all the models named; numbers are medians
 over the steps.
 """

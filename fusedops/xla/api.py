@@ -40,11 +40,11 @@ def partial_trace(
     closes over (not parameters/buffers) into the program; otherwise they are read each call.
     ``fullgraph=True`` raises (``XLATraceError``) on graph breaks and on ops with no lowering.
 
-    On CPU, start Python with ``OMP_WAIT_POLICY=PASSIVE``: by default torch's OpenMP threads
-    spin after each torch op and take the cores XLA's own threads need (on a 2-core machine an
-    MLP step went from 52 to 40 ms with it, eager from 37 to 39 ms). On CPU each program's
-    first call also picks its dot library (``fusedops.xla.tune``; ``FUSEDOPS_XLA_CPU_TUNE=0``
-    turns that off).
+    On CPU, torch's idle OpenMP threads are put to sleep before each XLA program
+    (``fusedops.xla.omp.park``; they spin after each torch op and would take the cores XLA's
+    own threads need): no ``OMP_WAIT_POLICY`` needed, eager ops keep OpenMP's defaults. On CPU
+    each program's first call also picks its dot library (``fusedops.xla.tune``;
+    ``FUSEDOPS_XLA_CPU_TUNE=0`` turns that off).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
 
     Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or

@@ -8,7 +8,8 @@ type promotion holds. Calls run with 64-bit types enabled, so int64/float64 stay
 Each call runs on the JAX device of its torch tensors (``bridge.call_device``: the CPU for CPU
 tensors whatever JAX's default backend is, the matching GPU for ``cuda:i``), with its seed and
 baked-in constants there too; the program compiles once per device. On the CPU its first call
-compiles it once per dot library and keeps the fastest (``tune``). Results are ready
+compiles it once per dot library and keeps the fastest (``tune``); before each CPU call,
+torch's idle OpenMP threads are put to sleep (``omp.park``). Results are ready
 (``block_until_ready``) and on the inputs' device when they return to torch.
 
 An output that is a chain of view ops of an input (AOTAutograd saving ``weight.t()`` for the
@@ -30,7 +31,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fusedops.xla import bridge, cache, lower, rng, tune
+from fusedops.xla import bridge, cache, lower, omp, rng, tune
 from fusedops.xla.errors import XLATraceError
 
 aten = torch.ops.aten
@@ -194,6 +195,8 @@ class JaxProgram:
         # whole program on ``device``, not on JAX's default backend
         with jax.enable_x64(True), jax.default_device(device):
             jax_args = (seed, *[bridge.to_jax(a, device) for a in crossing])
+            if on_cpu:  # torch's idle OpenMP threads would spin on the cores XLA runs on
+                omp.park()
             function = self._functions.get(key)
             if function is None:
                 function, results = self._choose(key, on_cpu, jax_args)

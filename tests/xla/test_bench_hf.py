@@ -4,6 +4,7 @@ benchmark's structure at small widths), through the benchmark's own step functio
 from __future__ import annotations
 
 import math
+import subprocess
 
 import pytest
 import torch
@@ -48,3 +49,25 @@ def test_hf_case_steps_under_partial_trace_as_eager():
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[name], rtol=1e-3, atol=1e-5, msg=name)
     assert traced.stats.programs == 2 and not traced.stats.eager_ops
+
+
+@pytest.mark.parametrize("backend", bench_xla.BACKENDS)
+def test_worker_runs_each_backend_in_openmps_defaults(monkeypatch, backend):
+    """Each worker process gets no OMP_WAIT_POLICY (even where the caller's environment has
+    one) unless asked; ``xla_jax_first`` imports jax before torch, the others torch first."""
+    seen = {}
+
+    def fake_run(command, env, **kwargs):
+        seen.update(code=command[2], env=env)
+        return subprocess.CompletedProcess(command, 0, 'RESULT {"ms": [1.0], "compile_s": 2.0}\n')
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    case = ["mlp", "4", "cpu", "float32"]
+    assert bench_xla.run_worker(backend, case, 1, "") == {"ms": [1.0], "compile_s": 2.0}
+    assert "OMP_WAIT_POLICY" not in seen["env"]
+    jax_at, torch_at = seen["code"].find("import jax"), seen["code"].find("import torch")
+    assert torch_at >= 0
+    assert (0 <= jax_at < torch_at) == (backend == "xla_jax_first")
+    bench_xla.run_worker(backend, case, 1, "PASSIVE")
+    assert seen["env"]["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -553,16 +553,17 @@ def launch_of(op: str, call: tuple, dtype: torch.dtype, shape: str, **fields) ->
                   divisible=tuple(divisible), **fields)  # fmt: skip
 
 
-def _deform_conv2d_calls(geo, dtype: torch.dtype) -> None:
-    """Call deform_conv2d's Triton launchers as one DCNv2 layer's forward and backward (both
-    modes) do, on meta tensors of ``dtype``: columns, sample gradients (atomic, then
-    deterministic), segment gather."""
+def _deform_conv2d_calls(geo, dtype: torch.dtype, with_mask: bool = True) -> None:
+    """Call deform_conv2d's Triton launchers as one DCNv2 layer's (``with_mask=False``: DCNv1)
+    forward and backward (both modes) do, on meta tensors of ``dtype``: columns, sample
+    gradients (atomic, then deterministic), segment gather."""
     from fusedops.kernels.triton import deform_conv2d as kernels
 
     def meta(kind=dtype):
         return torch.empty(0, dtype=kind, device="meta")
 
-    x, offset, mask, grad_cols = meta(), meta(), meta(), meta()
+    x, offset, grad_cols = meta(), meta(), meta()
+    mask = meta() if with_mask else None
     kernels._columns(meta(), x, offset, mask, geo)
     args = (grad_cols, x, offset, mask, geo, meta(), meta())
     kernels._sample_grads(*args, meta(torch.float32), None, None)
@@ -574,7 +575,8 @@ def _deform_conv2d_calls(geo, dtype: torch.dtype) -> None:
 def deform_conv2d_launches(dtype: torch.dtype) -> list[Launch]:
     """deform_conv2d's Triton kernels as its launchers (kernels/triton/deform_conv2d.py) call
     them, recorded without launching, at the CenterNet/DLA-34 and ResNet-50-DCN layers of
-    benchmarks/bench_dcn.py (3x3, padding 1, one offset group, with a mask: DCNv2). Per layer:
+    benchmarks/bench_dcn.py (3x3, padding 1, one offset group, with a mask: DCNv2; and without
+    one, DCNv1, whose kernels are compiled with ``HAS_MASK=False``). Per layer:
     the columns (forward; the backward recomputes them with the same launch), the sample
     gradients with atomics into the fp32 input gradient or (deterministic) writing keys and
     coefficients, and the deterministic input-gradient gather. The three matrix products and
@@ -597,17 +599,29 @@ def deform_conv2d_launches(dtype: torch.dtype) -> list[Launch]:
         image, samples = batch * cin * h * w, geo.samples
         columns = cin * geo.points * batch * geo.pixels
         corners = 4 * samples * (8 + 4)  # int64 key (or order) and fp32 coefficient per corner
-        shape = f"{name} ({batch}, {cin}, {h}, {w}) -> {cout}"
-        calls = recorded_calls(kernels, functools.partial(_deform_conv2d_calls, geo, dtype))
-        fields = [
-            dict(ideal=es * (image + 3 * samples + columns)),
-            dict(ideal=es * (columns + image + 6 * samples) + 4 * image, variant="atomic"),
-            dict(ideal=es * (columns + image + 6 * samples) + corners, variant="deterministic"),
-            dict(ideal=es * (columns + image) + corners + 8 * (batch * h * w + 1)),
-        ]
-        if len(calls) != len(fields):
-            raise RuntimeError(f"deform_conv2d launchers made {len(calls)} launches, expected 4")
-        rows += [launch_of("deform_conv2d", c, dtype, shape, **f) for c, f in zip(calls, fields)]
+        for with_mask in (True, False):
+            shape = f"{name} ({batch}, {cin}, {h}, {w}) -> {cout}"
+            shape += "" if with_mask else " DCNv1"
+            record = functools.partial(_deform_conv2d_calls, geo, dtype, with_mask)
+            calls = recorded_calls(kernels, record)
+            modulation = 3 if with_mask else 2  # offset (2) and mask (1) values per sample
+            fields = [
+                dict(ideal=es * (image + modulation * samples + columns)),
+                dict(
+                    ideal=es * (columns + image + 2 * modulation * samples) + 4 * image,
+                    variant="atomic",
+                ),  # fmt: skip
+                dict(
+                    ideal=es * (columns + image + 2 * modulation * samples) + corners,
+                    variant="deterministic",
+                ),  # fmt: skip
+                dict(ideal=es * (columns + image) + corners + 8 * (batch * h * w + 1)),
+            ]
+            if len(calls) != len(fields):
+                raise RuntimeError(f"deform_conv2d launchers made {len(calls)} launches, not 4")
+            rows += [
+                launch_of("deform_conv2d", c, dtype, shape, **f) for c, f in zip(calls, fields)
+            ]
     return rows
 
 

@@ -342,7 +342,8 @@ def test_recorded_launch_is_specialised_as_triton_does(launch_facts):
 
 def test_deform_conv2d_kernels_are_in_the_report(launch_facts):
     """Every deform_conv2d Triton kernel at every bench_dcn layer shape, both backward modes,
-    as its launchers call it (no compile); the CUDA source is compiled with the others."""
+    DCNv2 and DCNv1 (no mask), as its launchers call it (no compile); the CUDA source is
+    compiled with the others."""
     from bench_dcn import SHAPES
 
     dcn = launch_facts["dcn"]
@@ -354,15 +355,19 @@ def test_deform_conv2d_kernels_are_in_the_report(launch_facts):
         "_sample_grads_kernel (deterministic)",
         "_segment_gather_kernel",
     ]
-    assert [launch["name"] for launch in dcn] == names * len(SHAPES)
+    assert [launch["name"] for launch in dcn] == names * 2 * len(SHAPES)
     for name, batch, cin, cout, h, w, _ in SHAPES:
-        rows = [launch for launch in dcn if launch["shape"].startswith(f"{name} ")]
-        assert len(rows) == 4 and f"({batch}, {cin}, {h}, {w}) -> {cout}" in rows[0]["shape"]
-        sample_grads = rows[1:3]
-        assert [r["constexprs"]["ATOMIC"] for r in sample_grads] == ["True", "False"]
-        assert sample_grads[0]["types"]["grad_input_ptr"] == "*fp32"  # the fp32 accumulator
-        assert sample_grads[1]["types"]["keys_ptr"] == "*i64"
-        assert all(r["constexprs"]["HAS_MASK"] == "True" for r in rows[:3])
-        assert all(r["ideal"] > batch * cin * h * w * 4 for r in rows)
+        layer = [launch for launch in dcn if launch["shape"].startswith(f"{name} ")]
+        assert len(layer) == 8
+        for rows, has_mask in ((layer[:4], "True"), (layer[4:], "False")):
+            assert f"({batch}, {cin}, {h}, {w}) -> {cout}" in rows[0]["shape"]
+            assert rows[0]["shape"].endswith("DCNv1") == (has_mask == "False")
+            sample_grads = rows[1:3]
+            assert [r["constexprs"]["ATOMIC"] for r in sample_grads] == ["True", "False"]
+            assert sample_grads[0]["types"]["grad_input_ptr"] == "*fp32"  # the fp32 accumulator
+            assert sample_grads[1]["types"]["keys_ptr"] == "*i64"
+            assert all(r["constexprs"]["HAS_MASK"] == has_mask for r in rows[:3])
+            assert all(r["ideal"] > batch * cin * h * w * 4 for r in rows)
+        assert all(v1["ideal"] < v2["ideal"] for v1, v2 in zip(layer[4:], layer[:3]))
     assert "deform_conv2d" in kernel_report.CUDA_THREADS
     assert (kernel_report.CUDA_DIR / "deform_conv2d.cu").exists()

@@ -98,28 +98,41 @@ def _rounds_terms_in_16_bits(op, x, n, backend):
     )
 
 
-def _term_magnitudes(op, x, shape, grad, eps=EPS):
-    """(sum_rows |dy * xhat|, sum_rows |dy|): the sizes of dweight's and dbias's summed terms."""
+def _term_magnitudes(op, x, shape, weight, grad, eps=EPS):
+    """Sizes of the terms torch's 16-bit CPU LayerNorm rounds (``_rounds_terms_in_16_bits``):
+    (dx's, dweight's sum_rows |dy * xhat|, dbias's sum_rows |dy|). dx is ``rstd * (g - xhat *
+    mean(g * xhat) - mean(g))`` with ``g = dy * weight`` and mean and rstd kept in 16 bits, so
+    xhat carries an error of the 16-bit roundoff of ``|xhat| + rstd * |mean|``."""
     n = math.prod(shape)
     rows = x.detach().double().reshape(-1, n)
-    centered = rows if op == "rms_norm" else rows - rows.mean(dim=1, keepdim=True)
-    xhat = centered * torch.rsqrt(centered.square().mean(dim=1, keepdim=True) + eps)
+    mean = rows.mean(dim=1, keepdim=True)
+    centered = rows if op == "rms_norm" else rows - mean
+    rstd = torch.rsqrt(centered.square().mean(dim=1, keepdim=True) + eps)
+    xhat = centered * rstd
     dy = grad.detach().double().reshape(-1, n).abs()
-    return (dy * xhat.abs()).sum(0).view(shape), dy.sum(0).view(shape)
+    g = dy if weight is None else dy * weight.detach().double().reshape(1, n).abs()
+    xhat_size = xhat.abs() + rstd * mean.abs()
+    c1_size = (g * xhat_size).mean(dim=1, keepdim=True)
+    dx = rstd * (g + xhat_size * c1_size + g.mean(dim=1, keepdim=True))
+    return dx.view(x.shape), (dy * xhat.abs()).sum(0).view(shape), dy.sum(0).view(shape)
 
 
 def _check(actual, expected, x_dtype, weight, bias, scales=(1.0, 1.0), term_magnitudes=None):
-    """term_magnitudes: (dweight's, dbias's) where the terms are rounded to x's 16-bit dtype
-    (``_rounds_terms_in_16_bits``); None: an fp32 accumulation, bounded by ``scales``."""
+    """term_magnitudes: (dx's, dweight's, dbias's) where the terms are rounded to x's 16-bit
+    dtype (``_rounds_terms_in_16_bits``); None: fp32 arithmetic, bounded by ``scales``."""
     y, dx, dweight, dbias = actual
     y_ref, dx_ref, dweight_ref, dbias_ref = expected
     dx_scale, sum_scale = scales
     assert y.dtype == x_dtype and dx.dtype == x_dtype
     assert_close(y, y_ref, msg="forward")
-    assert_close(dx, dx_ref, scale=dx_scale, msg="dx")
+    if term_magnitudes is None:
+        assert_close(dx, dx_ref, scale=dx_scale, msg="dx")
+    else:
+        rounded = {"dtype": x_dtype, "compute": x_dtype, "magnitude": term_magnitudes[0]}
+        assert_close(dx, dx_ref, msg="dx", **rounded)
     for name, grad, grad_ref, param, i in (
-        ("dweight", dweight, dweight_ref, weight, 0),
-        ("dbias", dbias, dbias_ref, bias, 1),
+        ("dweight", dweight, dweight_ref, weight, 1),
+        ("dbias", dbias, dbias_ref, bias, 2),
     ):
         if param is None:
             assert grad is None
@@ -143,7 +156,7 @@ def _case(op, lead, normalized, dtype, affine, backend, weight_dtype=None, eps=E
     scales = _error_scales(op, x, normalized, weight, grad, eps)
     magnitudes = None
     if _rounds_terms_in_16_bits(op, x, math.prod(normalized), backend):
-        magnitudes = _term_magnitudes(op, x, normalized, grad, eps)
+        magnitudes = _term_magnitudes(op, x, normalized, weight, grad, eps)
     _check(actual, expected, dtype, weight, bias, scales, magnitudes)
 
 

@@ -54,7 +54,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
-from fusedops.ops._eager import eager_fast_path
+from fusedops.ops._eager import PLAIN_TENSOR_TYPES, eager_fast_path
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class FusedOp:
     reshape: Callable | None = None
 
     def __call__(self, *args: Any) -> Any:
-        if eager_fast_path(*_tensors(args)):
+        if _plain(args) and eager_fast_path():
             if self.eager is not None:
                 result = self.eager(*args)
                 if result is not None:
@@ -92,15 +92,21 @@ class FusedOp:
         return self.op(*self.reshape(*args))[0].view(args[0].shape)
 
 
-def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
-    """The tensors among ``args``, those in tensor lists included."""
-    tensors = []
+def _plain(args: Sequence[Any]) -> bool:
+    """True when the tensors among ``args`` (those in tensor lists included) are plain tensors
+    (``eager_fast_path``'s rule, checked here without unpacking the lists)."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            tensors.append(a)
+            if type(a) not in PLAIN_TENSOR_TYPES:
+                return False
         elif isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
-            tensors.extend(a)
-    return tensors
+            plain = _PLAIN_TYPES.issuperset(map(type, a))
+            if not plain:
+                return False
+    return True
+
+
+_PLAIN_TYPES = frozenset(PLAIN_TENSOR_TYPES)
 
 
 def define_op(

@@ -269,7 +269,7 @@ def _eager_calls_use_the_cpp_autograd_op(monkeypatch, op, weight_dtype):
     from fusedops.ops import layer_norm as ops
 
     python_calls = []
-    for function in (ops._LayerNormFunction, ops._RMSNormFunction):
+    for function in (ops.LAYER_NORM.function, ops.RMS_NORM.function):
         monkeypatch.setattr(
             function, "apply", lambda *a, f=function.apply: python_calls.append(1) or f(*a)
         )

@@ -13,10 +13,29 @@ every op needs around them:
 The autograd rule is written once, as two functions shared by both paths::
 
     setup_context(ctx, inputs, output)        # save what the backward needs on ctx
-    grads(ctx, backward, *grad_outputs)       # -> one gradient (or None) per forward input
+    grads(ctx, backward, *grad_outputs)       # -> the gradients of the leading forward inputs
 
 ``backward`` is the backward op on the custom-op path and its body on the eager path, so the
-rule never branches on which path it runs in.
+rule never branches on which path it runs in. What every op's rule would repeat is done here:
+
+- ``ctx.backend = dispatch.requested(backend)`` before ``setup_context`` runs, so an explicit
+  choice made around the forward (``use_backend``, the environment) also holds for the backward;
+- a backward body may return None for an absent gradient (no bias...), as the backends do: the
+  custom op, which returns tensors only, carries it as an empty tensor (its fake too);
+- the gradients ``grads`` returns become one per forward input: None for the inputs after the
+  last one it gives, and None wherever an input needs no gradient (``ctx.needs_input_grad``:
+  non-tensor arguments, absent tensors, tensors not requiring grad), which is where the empty
+  tensors standing for absent gradients land.
+
+Two extensions serve ops that do more than that:
+
+- ``eager``: the op's own eager fast path (LayerNorm: torch's op on the native backend, the
+  CUDA extension's C++ autograd op), asked first in plain eager mode;
+- ``reshape``: the op is called with its callers' shapes and its bodies take others (LayerNorm:
+  x ``(..., *normalized_shape)`` and parameters of ``normalized_shape`` as rows ``(M, N)`` and
+  ``(N,)``); the eager Function reshapes inside, where autograd records no view nodes.
+
+An op that writes its inputs (``adam_step``) passes ``mutates_args`` and no backward.
 
 The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") lives in
 ``kernels/xla/<op>.py`` under the op's own name, beside its Triton and CUDA kernels;
@@ -26,14 +45,16 @@ The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") live
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from fusedops.ops._eager import eager_fast_path
+from fusedops import dispatch
+from fusedops.ops._eager import PLAIN_TENSOR_TYPES, eager_fast_path
 
 
 @dataclass(frozen=True)
@@ -41,23 +62,51 @@ class FusedOp:
     """One op wired into torch: ``op`` (the custom op), ``backward_op`` (or None) and
     ``function`` (the eager autograd.Function, or None for ops without a backward).
 
-    Calling it runs ``function.apply`` where the eager fast path is allowed for these tensors,
-    else the custom op. Arguments are the forward body's, positionally."""
+    Calling it, in plain eager mode (ops/_eager.py): ``eager(*args)`` where the op has that
+    hook and it returns a result, else ``function.apply`` (an op without a backward: its body,
+    recording no graph); elsewhere the custom op. Arguments are the forward body's, positionally
+    (with ``reshape``: the callers' arguments it takes)."""
 
     name: str
     op: Any
     backward_op: Any | None
     function: type[torch.autograd.Function] | None
     forward_body: Callable
+    eager: Callable | None = None
+    reshape: Callable | None = None
 
     def __call__(self, *args: Any) -> Any:
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if eager_fast_path(*tensors):
+        if _plain(args) and eager_fast_path():
+            if self.eager is not None:
+                result = self.eager(*args)
+                if result is not None:
+                    return result
             if self.function is not None:
                 return self.function.apply(*args)
+            if not torch.is_grad_enabled():
+                return self.forward_body(*args)
             with torch.no_grad():  # not differentiable: as the custom op, no graph recorded
                 return self.forward_body(*args)
-        return self.op(*args)
+        if self.reshape is None:
+            return self.op(*args)
+        return self.op(*self.reshape(*args))[0].view(args[0].shape)
+
+
+def _plain(args: Sequence[Any]) -> bool:
+    """True when the tensors among ``args`` (those in tensor lists included) are plain tensors
+    (``eager_fast_path``'s rule, checked here without unpacking the lists)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if type(a) not in PLAIN_TENSOR_TYPES:
+                return False
+        elif isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+            plain = _PLAIN_TYPES.issuperset(map(type, a))
+            if not plain:
+                return False
+    return True
+
+
+_PLAIN_TYPES = frozenset(PLAIN_TENSOR_TYPES)
 
 
 def define_op(
@@ -69,48 +118,161 @@ def define_op(
     backward_fake: Callable | None = None,
     setup_context: Callable | None = None,
     grads: Callable | None = None,
+    mutates_args: Sequence[str] = (),
+    eager: Callable | None = None,
+    reshape: Callable | None = None,
 ) -> FusedOp:
     """Register ``fusedops::<name>`` (and ``fusedops::<name>_backward``) and return the op.
 
     forward, backward: the bodies, annotated so torch.library can infer their schemas (tensors,
-    ``Tensor | None``, floats, ints, bools, ``str | None``...); they must not mutate their inputs.
-    fake, backward_fake: their fake (meta) implementations, same arguments.
+    ``Tensor | None``, floats, ints, bools, ``str | None``...), taking ``backend`` (the
+    dispatch choice); they must not mutate their inputs (but those named in ``mutates_args``,
+    for an op without a backward). A backward body returns one tensor, or a tuple with None for
+    an absent gradient. fake, backward_fake: their fake (meta) implementations, same arguments
+    (None for an absent gradient as the body).
     setup_context(ctx, inputs, output): save what the backward needs (as for
-    ``register_autograd``); grads(ctx, backward, *grad_outputs) -> a tuple with one gradient or
-    None per forward argument, computed by calling ``backward(...)``.
-    An op without ``backward`` is not differentiable (e.g. NMS): no autograd is registered.
+    ``register_autograd``; ``ctx.backend`` is already set); grads(ctx, backward, *grad_outputs)
+    -> the gradients of the forward inputs, in order (one tensor, or a tuple that may stop
+    before the last input), computed by calling ``backward(...)``; by default
+    ``backward(grad_outputs[0], *ctx.saved_tensors, ctx.backend)``.
+    An op without ``backward`` is not differentiable (e.g. NMS, Adam): no autograd is registered.
+    eager(*args) -> result or None: the op's own eager fast path, asked first in plain eager
+    mode (None: not for these arguments).
+    reshape(*args) -> the bodies' arguments: the op is called with the callers' arguments (the
+    bodies' positions, maybe followed by extra ones ``reshape`` needs) and each tensor it returns
+    is a reshape of the caller's tensor at its position; the call returns the forward's first
+    output in the first argument's shape, its other outputs (statistics) stay inside.
     """
-    if (backward is None) != (grads is None) or (backward is None) != (setup_context is None):
+    if (backward is None) != (setup_context is None) or (backward is None and grads is not None):
         raise ValueError(f"define_op({name!r}): backward, setup_context and grads go together")
-    op = torch.library.custom_op(f"fusedops::{name}", forward, mutates_args=())
+    if backward is not None and mutates_args:
+        raise ValueError(f"define_op({name!r}): an op that mutates its inputs has no backward")
+    if backward is None and reshape is not None:
+        raise ValueError(f"define_op({name!r}): reshape needs a backward")
+    op = torch.library.custom_op(f"fusedops::{name}", forward, mutates_args=tuple(mutates_args))
     op.register_fake(fake)
     if backward is None:
-        return FusedOp(name, op, None, None, forward)
+        return FusedOp(name, op, None, None, forward, eager)
     if backward_fake is None:
         raise ValueError(f"define_op({name!r}): backward needs backward_fake")
-    backward_op = torch.library.custom_op(f"fusedops::{name}_backward", backward, mutates_args=())
-    backward_op.register_fake(backward_fake)
+    backward_op = torch.library.custom_op(
+        f"fusedops::{name}_backward",
+        _tensors_only(backward),
+        mutates_args=(),
+        schema=torch.library.infer_schema(backward, mutates_args=()),
+    )
+    backward_op.register_fake(_tensors_only(backward_fake))
+    setup = _with_backend(name, forward, setup_context)
+    grads = grads or _saved_grads
     op.register_autograd(
-        lambda ctx, *grad_outputs: grads(ctx, backward_op, *grad_outputs),
-        setup_context=setup_context,
+        lambda ctx, *grad_outputs: _per_input(ctx, grads(ctx, backward_op, *grad_outputs)),
+        setup_context=setup,
+    )
+    methods = _function if reshape is None else _reshaping_function
+    # named at creation: autograd names the backward node after it (LayerNormFunctionBackward)
+    function = type(
+        f"{_camel(name)}Function",
+        (torch.autograd.Function,),
+        methods(forward, backward, setup, grads, reshape),
+    )
+    return FusedOp(name, op, backward_op, function, forward, eager, reshape)
+
+
+def _with_backend(name: str, forward: Callable, setup_context: Callable) -> Callable:
+    """setup_context preceded by ``ctx.backend = dispatch.requested(backend)``."""
+    parameters = list(inspect.signature(forward).parameters.values())
+    names = [p.name for p in parameters]
+    if "backend" not in names:
+        raise ValueError(f"define_op({name!r}): the forward body takes no backend argument")
+    index = names.index("backend")
+    default = parameters[index].default
+    default = None if default is inspect.Parameter.empty else default
+
+    def setup(ctx, inputs, output):
+        # An explicit choice made around the forward (use_backend, env) also holds for the
+        # backward.
+        ctx.backend = dispatch.requested(inputs[index] if index < len(inputs) else default)
+        setup_context(ctx, inputs, output)
+
+    return setup
+
+
+def _saved_grads(ctx, backward, grad, *_):
+    """grads' default: the backward of the first output's gradient and the saved tensors."""
+    return backward(grad, *ctx.saved_tensors, ctx.backend)
+
+
+def _tensors_only(body: Callable) -> Callable:
+    """body with None outputs replaced by empty tensors: custom ops return tensors only, so an
+    absent gradient travels as an empty tensor (of the first argument's dtype and device, the
+    incoming gradient's); ``_per_input`` drops it again."""
+
+    def run(*args, **kwargs):
+        out = body(*args, **kwargs)
+        if isinstance(out, tuple):
+            out = tuple(args[0].new_empty((0,)) if g is None else g for g in out)
+        return out
+
+    return run
+
+
+def _per_input(ctx, result) -> tuple:
+    """One gradient per forward input: ``result``'s in order, None after its last and wherever
+    the input needs none."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    given = len(result)
+    return tuple(
+        result[i] if need and i < given else None for i, need in enumerate(ctx.needs_input_grad)
     )
 
-    class Function(torch.autograd.Function):
-        # Classic ``forward(ctx, ...)``: a separate setup_context staticmethod would make
-        # ``apply`` bind its arguments through inspect.signature on every call.
-        @staticmethod
-        def forward(ctx, *args):
-            output = forward(*args)
-            setup_context(ctx, args, output)
-            return output
 
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, *grad_outputs):
-            return grads(ctx, backward, *grad_outputs)
+def _function(forward, backward, setup, grads, reshape) -> dict:
+    """The eager Function's methods. Classic ``forward(ctx, ...)``: a separate setup_context
+    staticmethod would make ``apply`` bind its arguments through inspect.signature on every
+    call."""
 
-    Function.__name__ = Function.__qualname__ = f"{_camel(name)}Function"
-    return FusedOp(name, op, backward_op, Function, forward)
+    def function_forward(ctx, *args):
+        output = forward(*args)
+        setup(ctx, args, output)
+        return output
+
+    @once_differentiable
+    def function_backward(ctx, *grad_outputs):
+        return _per_input(ctx, grads(ctx, backward, *grad_outputs))
+
+    return {
+        "forward": staticmethod(function_forward),
+        "backward": staticmethod(function_backward),
+    }
+
+
+def _reshaping_function(forward, backward, setup, grads, reshape) -> dict:
+    """The methods of a Function taking the callers' tensors and returning the forward's first
+    output only: the reshapes happen inside, where autograd records no view nodes, and the
+    other outputs need no zero gradients."""
+
+    def function_forward(ctx, *args):
+        inputs = reshape(*args)
+        output = forward(*inputs)
+        setup(ctx, inputs, output)
+        ctx.shapes = [a.shape if isinstance(a, torch.Tensor) else None for a in args]
+        ctx.body_shape, ctx.outputs = output[0].shape, len(output)
+        # a tensor of its own: a view returned from a Function's forward could not be modified
+        # in place later (relu_); _unsafe_view shares the storage without being a view to
+        # autograd
+        return torch.ops.aten._unsafe_view(output[0], args[0].shape)
+
+    @once_differentiable
+    def function_backward(ctx, grad):
+        grad_outputs = (grad.reshape(ctx.body_shape),) + (None,) * (ctx.outputs - 1)
+        result = _per_input(ctx, grads(ctx, backward, *grad_outputs))
+        return tuple(g if g is None else g.view(s) for g, s in zip(result, ctx.shapes))
+
+    return {
+        "forward": staticmethod(function_forward),
+        "backward": staticmethod(function_backward),
+    }
 
 
 def _camel(name: str) -> str:

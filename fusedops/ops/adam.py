@@ -38,7 +38,7 @@ from types import SimpleNamespace
 import torch
 
 from fusedops import dispatch
-from fusedops.ops._eager import eager_fast_path
+from fusedops.ops._define import define_op
 
 
 def _reference_step(
@@ -189,11 +189,29 @@ dispatch.register_op(
 
 
 def _adam_step_body(
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
-    beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-    clip_coef, backend=None,
-) -> None:  # fmt: skip
-    """The step itself (types: ``_adam_step_op``), shared by the custom op and the eager path."""
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    steps: list[torch.Tensor],
+    lr: float,
+    lr_tensor: torch.Tensor | None,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled: bool,
+    grad_scale: torch.Tensor | None,
+    found_inf: torch.Tensor | None,
+    clip_coef: torch.Tensor | None,
+    backend: str | None = None,
+) -> None:
+    """The step itself, the body of ``fusedops::adam_step`` (and its eager path): ``adam_step``'s
+    arguments, positionally."""
     torch._foreach_add_(steps, 1)
     kernel_lists = _nonempty(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps)
     if kernel_lists[0]:
@@ -217,8 +235,16 @@ def _adam_step_body(
         torch._foreach_sub_(steps, [found_inf] * len(steps))
 
 
-@torch.library.custom_op(
-    "fusedops::adam_step",
+def _adam_step_fake(*args, **kwargs) -> None:
+    return None
+
+
+# It writes its lists in place: mutates_args, no backward. In plain eager mode the body runs
+# directly (define_op), elsewhere the custom op.
+ADAM_STEP = define_op(
+    "adam_step",
+    forward=_adam_step_body,
+    fake=_adam_step_fake,
     mutates_args=(
         "params",
         "grads",
@@ -229,38 +255,6 @@ def _adam_step_body(
         "steps",
     ),
 )
-def _adam_step_op(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    max_exp_avg_sqs: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    lr: float,
-    lr_tensor: torch.Tensor | None,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled: bool,
-    grad_scale: torch.Tensor | None,
-    found_inf: torch.Tensor | None,
-    clip_coef: torch.Tensor | None,
-    backend: str | None = None,
-) -> None:
-    _adam_step_body(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr, lr_tensor,
-        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-        clip_coef, backend,
-    )  # fmt: skip
-
-
-@_adam_step_op.register_fake
-def _(*args, **kwargs):
-    return None
 
 
 def _nonempty(*lists: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -316,9 +310,7 @@ def adam_step(
             lr.detach().reshape(()).to(device=device, dtype=torch.float32, non_blocking=True)
         )
         lr = 0.0
-    # eager: the body directly (ops/_eager.py); compile/export/subclasses: the custom op
-    step = _adam_step_body if eager_fast_path(*params, *grads) else _adam_step_op
-    step(
+    ADAM_STEP(
         params,
         grads,
         exp_avgs,

@@ -250,27 +250,23 @@ def _backward_body(
         impl = reference
     else:
         impl = native
-    grad_x, grad_bias = impl.backward(grad.contiguous(), seed, p, x_dtype, bias_dtype)
-    # custom ops return tensors only: an absent gradient travels as an empty tensor
-    return grad_x, grad_bias if grad_bias is not None else grad.new_empty((0,))
+    return impl.backward(grad.contiguous(), seed, p, x_dtype, bias_dtype)
 
 
 def _backward_fake(grad, seed, p, x_dtype, bias_dtype, backend=None, portable=True):
     grad_x = torch.empty_like(grad, dtype=x_dtype, memory_format=torch.contiguous_format)
     if bias_dtype is None:
-        return grad_x, grad.new_empty((0,))
+        return grad_x, None
     return grad_x, grad.new_empty((grad.shape[-1] if grad.dim() else 1,), dtype=bias_dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    x, bias, _, seed, p, backend, portable = inputs
+    x, bias, _, seed, p, _, portable = inputs
     ctx.save_for_backward(seed)
     ctx.p = p
     ctx.portable = portable
     ctx.x_dtype = x.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
-    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
-    ctx.backend = dispatch.requested(backend)
 
 
 def _grads(ctx, backward, grad):
@@ -280,9 +276,7 @@ def _grads(ctx, backward, grad):
         grad_x, grad_bias = backward(
             grad, seed, ctx.p, ctx.x_dtype, ctx.bias_dtype, ctx.backend, ctx.portable
         )
-    if ctx.bias_dtype is None:
-        grad_bias = None
-    return grad_x, grad_bias, grad, None, None, None, None
+    return grad_x, grad_bias, grad
 
 
 BIAS_DROPOUT_ADD = define_op(

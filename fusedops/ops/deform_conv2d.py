@@ -287,7 +287,7 @@ def _backward_body(
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     impl = _select(input, offset, mask, weight, bias, backend)
-    gi, go, gm, gw, gb = impl.backward(
+    return impl.backward(
         grad.contiguous(),
         input,
         offset,
@@ -297,41 +297,28 @@ def _backward_body(
         *_pairs(stride, padding, dilation),
         deterministic,
     )
-    # custom ops return tensors only: an absent gradient travels as an empty tensor
-    gm = gm if gm is not None else input.new_empty((0,))
-    return gi, go, gm, gw, gb if gb is not None else input.new_empty((0,))
 
 
 def _backward_fake(grad, input, offset, mask, weight, bias, *rest):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
-    gm = like(mask) if mask is not None else input.new_empty((0,))
-    gb = like(bias) if bias is not None else input.new_empty((0,))
+    gm = like(mask) if mask is not None else None
+    gb = like(bias) if bias is not None else None
     return like(input), like(offset), gm, like(weight), gb
 
 
 def _setup_context(ctx, inputs, output):
-    input, offset, mask, weight, bias, *geometry, deterministic, backend = inputs
+    input, offset, mask, weight, bias, *geometry, deterministic, _ = inputs
     ctx.save_for_backward(input, offset, mask, weight, bias)
     ctx.geometry = geometry
     ctx.deterministic = deterministic
-    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
-    ctx.backend = dispatch.requested(backend)
 
 
 def _grads(ctx, backward, grad):
     input, offset, mask, weight, bias = ctx.saved_tensors
-    gi, go, gm, gw, gb = backward(
+    return backward(
         grad, input, offset, mask, weight, bias, *ctx.geometry, ctx.deterministic, ctx.backend
-    )
-    return (
-        gi,
-        go,
-        gm if mask is not None else None,
-        gw,
-        gb if bias is not None else None,
-        *([None] * 5),
     )
 
 

@@ -25,9 +25,11 @@ Every backend exposes ``layer_norm_forward(x, weight, bias, eps) -> (y, mean, rs
 ``rms_norm_backward(dy, x, weight, rstd, xhat_dtype=None) -> (dx, dweight)`` on contiguous 2-D x;
 gradients of absent parameters are None.
 
-Paths: under torch.compile/export (and modes, subclasses) the custom ops below; in plain eager
-mode the autograd.Functions below, or, when the CUDA backend is picked, the extension's op with
-its autograd in C++ (``kernels/cuda/layer_norm.norm_with_autograd``). All run the same kernels.
+Paths (``define_op``): under torch.compile/export (and modes, subclasses) the custom ops on
+rows; in plain eager mode the eager Functions (flattening to rows inside), or, when the CUDA
+backend is picked, the extension's op with its autograd in C++
+(``kernels/cuda/layer_norm.norm_with_autograd``; the ``eager`` hooks below). All run the same
+kernels.
 
 Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
 mode ``torch.layer_norm`` / ``torch.rms_norm`` with torch's own autograd (form (b)); in the
@@ -47,12 +49,11 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
+from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
-from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
@@ -241,55 +242,33 @@ def _stats_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _grad_or_empty(grad: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    # custom ops return tensors only: an absent gradient travels as an empty tensor.
-    return grad if grad is not None else x.new_empty((0,))
+def _like(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else torch.empty_like(t)
 
 
 # ------------------------------------------------------------------------------------------
-# Custom ops: x is 2-D (M, N) and contiguous; weight and bias are (N,) or None.
+# The bodies of the custom ops: x is 2-D (M, N) and contiguous; weight and bias are (N,) or
+# None. An absent parameter's gradient is None (define_op carries it as an empty tensor).
 
 
-def _layer_norm_forward(x, weight, bias, eps, backend):
-    return dispatch.select("layer_norm", x, backend=backend).layer_norm_forward(
-        x, weight, bias, eps
-    )
-
-
-def _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, backend):
-    impl = dispatch.select("layer_norm", x, backend=backend)
-    return impl.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
-
-
-def _rms_norm_forward(x, weight, eps, backend, out_dtype=None, xhat_dtype=None):
-    impl = dispatch.select("rms_norm", x, backend=backend)
-    return impl.rms_norm_forward(x, weight, eps, out_dtype, xhat_dtype)
-
-
-def _rms_norm_backward_body(dy, x, weight, rstd, backend, xhat_dtype=None):
-    impl = dispatch.select("rms_norm", x, backend=backend)
-    return impl.rms_norm_backward(dy.contiguous(), x, weight, rstd, xhat_dtype)
-
-
-@torch.library.custom_op("fusedops::layer_norm", mutates_args=())
-def _layer_norm_op(
+def _layer_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _layer_norm_forward(x, weight, bias, eps, backend)
+    return dispatch.select("layer_norm", x, backend=backend).layer_norm_forward(
+        x, weight, bias, eps
+    )
 
 
-@_layer_norm_op.register_fake
-def _(x, weight, bias, eps, backend=None):
+def _layer_norm_fake(x, weight, bias, eps, backend=None):
     stats = x.new_empty((x.shape[0],), dtype=_stats_dtype(x))
     return torch.empty_like(x, memory_format=torch.contiguous_format), stats, stats.clone()
 
 
-@torch.library.custom_op("fusedops::layer_norm_backward", mutates_args=())
-def _layer_norm_backward_op(
+def _layer_norm_backward_body(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -298,46 +277,24 @@ def _layer_norm_backward_op(
     rstd: torch.Tensor,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dweight, dbias = _layer_norm_backward_body(dy, x, weight, bias, mean, rstd, backend)
-    return dx, _grad_or_empty(dweight, x), _grad_or_empty(dbias, x)
+    impl = dispatch.select("layer_norm", x, backend=backend)
+    return impl.layer_norm_backward(dy.contiguous(), x, weight, bias, mean, rstd)
 
 
-@_layer_norm_backward_op.register_fake
-def _(dy, x, weight, bias, mean, rstd, backend=None):
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    dweight = torch.empty_like(weight) if weight is not None else x.new_empty((0,))
-    dbias = torch.empty_like(bias) if bias is not None else x.new_empty((0,))
-    return dx, dweight, dbias
+def _layer_norm_backward_fake(dy, x, weight, bias, mean, rstd, backend=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _like(weight), _like(bias)
 
 
 def _layer_norm_setup_context(ctx, inputs, output):
-    x, weight, bias, _, backend = inputs
+    x, weight, bias, _, _ = inputs
     _, mean, rstd = output
     ctx.mark_non_differentiable(mean, rstd)
     ctx.save_for_backward(x, weight, bias, mean, rstd)
-    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
-    ctx.backend = dispatch.requested(backend)
-
-
-def _layer_norm_backward(ctx, dy, _dmean, _drstd):
-    x, weight, bias, mean, rstd = ctx.saved_tensors
-    dx, dweight, dbias = _layer_norm_backward_op(dy, x, weight, bias, mean, rstd, ctx.backend)
-    return (
-        dx,
-        dweight if weight is not None else None,
-        dbias if bias is not None else None,
-        None,
-        None,
-    )
-
-
-_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup_context)
 
 
 # out_dtype and xhat_dtype were appended to the schemas (after backend) for the RMSNorm classes of
 # model libraries; None keeps the plain RMSNorm.
-@torch.library.custom_op("fusedops::rms_norm", mutates_args=())
-def _rms_norm_op(
+def _rms_norm_forward(
     x: torch.Tensor,
     weight: torch.Tensor | None,
     eps: float,
@@ -345,18 +302,17 @@ def _rms_norm_op(
     out_dtype: torch.dtype | None = None,
     xhat_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rms_norm_forward(x, weight, eps, backend, out_dtype, xhat_dtype)
+    impl = dispatch.select("rms_norm", x, backend=backend)
+    return impl.rms_norm_forward(x, weight, eps, out_dtype, xhat_dtype)
 
 
-@_rms_norm_op.register_fake
-def _(x, weight, eps, backend=None, out_dtype=None, xhat_dtype=None):
+def _rms_norm_fake(x, weight, eps, backend=None, out_dtype=None, xhat_dtype=None):
     stats = x.new_empty((x.shape[0],), dtype=_stats_dtype(x))
     y = torch.empty_like(x, dtype=out_dtype or x.dtype, memory_format=torch.contiguous_format)
     return y, stats
 
 
-@torch.library.custom_op("fusedops::rms_norm_backward", mutates_args=())
-def _rms_norm_backward_op(
+def _rms_norm_backward_body(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -364,32 +320,33 @@ def _rms_norm_backward_op(
     backend: str | None = None,
     xhat_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dweight = _rms_norm_backward_body(dy, x, weight, rstd, backend, xhat_dtype)
-    return dx, _grad_or_empty(dweight, x)
+    impl = dispatch.select("rms_norm", x, backend=backend)
+    return impl.rms_norm_backward(dy.contiguous(), x, weight, rstd, xhat_dtype)
 
 
-@_rms_norm_backward_op.register_fake
-def _(dy, x, weight, rstd, backend=None, xhat_dtype=None):
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return dx, torch.empty_like(weight) if weight is not None else x.new_empty((0,))
+def _rms_norm_backward_fake(dy, x, weight, rstd, backend=None, xhat_dtype=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _like(weight)
 
 
 def _rms_norm_setup_context(ctx, inputs, output):
-    x, weight, _, backend, _, xhat_dtype = inputs
+    x, weight, _, _, _, xhat_dtype = inputs
     _, rstd = output
     ctx.mark_non_differentiable(rstd)
     ctx.save_for_backward(x, weight, rstd)
-    ctx.backend = dispatch.requested(backend)
     ctx.xhat_dtype = xhat_dtype
 
 
-def _rms_norm_backward(ctx, dy, _drstd):
+def _rms_norm_grads(ctx, backward, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dweight = _rms_norm_backward_op(dy, x, weight, rstd, ctx.backend, ctx.xhat_dtype)
-    return dx, dweight if weight is not None else None, None, None, None, None
+    return backward(dy, x, weight, rstd, ctx.backend, ctx.xhat_dtype)
 
 
-_rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+# ------------------------------------------------------------------------------------------
+# The ops are called with x in its own shape and the parameters in normalized_shape, then the
+# normalized shape as a tuple: (x, weight, bias, eps, backend, shape) and (x, weight, eps,
+# backend, out_dtype, xhat_dtype, shape). ``_layer_norm_rows``/``_rms_norm_rows`` flatten them
+# to the bodies' rows (inside the eager Function, where autograd records no view nodes); the
+# eager hooks are the fast paths that skip the Function.
 
 
 def _flatten(x, params, n):
@@ -398,73 +355,14 @@ def _flatten(x, params, n):
     return rows, [None if p is None else p.reshape(n) for p in params]
 
 
-def _as_output(y, shape):
-    """y (rows) in x's shape as a tensor of its own: a view returned from a Function's forward
-    could not be modified in place later (e.g. ``relu_``); ``_unsafe_view`` shares the storage
-    without being a view to autograd."""
-    return torch.ops.aten._unsafe_view(y, shape)
+def _layer_norm_rows(x, weight, bias, eps, backend, shape):
+    rows, (weight, bias) = _flatten(x, (weight, bias), math.prod(shape))
+    return rows, weight, bias, eps, backend
 
 
-def _shapes(*tensors):
-    return tuple(None if t is None else t.shape for t in tensors)
-
-
-def _unflatten(grads, shapes):
-    """Each gradient (or None) in the shape of its input."""
-    return [None if g is None else g.view(shape) for g, shape in zip(grads, shapes)]
-
-
-class _LayerNormFunction(torch.autograd.Function):
-    """The eager path (ops/_eager.py): the custom op's bodies without its wrappers. It takes x
-    and the parameters in their own shapes and returns y only: the flattening happens inside,
-    where autograd records no view nodes, and no statistics outputs need zero gradients.
-    Classic ``forward(ctx, ...)``: a separate setup_context makes ``apply`` bind arguments
-    through ``inspect.signature`` on every call."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, backend, n):
-        rows, (w, b) = _flatten(x, (weight, bias), n)
-        y, mean, rstd = _layer_norm_forward(rows, w, b, eps, backend)
-        ctx.save_for_backward(rows, w, b, mean, rstd)
-        ctx.backend = dispatch.requested(backend)
-        ctx.shapes = _shapes(x, weight, bias)
-        return _as_output(y, x.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        rows, w, b, mean, rstd = ctx.saved_tensors
-        grads = _layer_norm_backward_body(
-            dy.reshape(rows.shape), rows, w, b, mean, rstd, ctx.backend
-        )
-        return (*_unflatten(grads, ctx.shapes), None, None, None)
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    """The eager path of rms_norm (as _LayerNormFunction)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps, backend, n, out_dtype, xhat_dtype):
-        rows, (w,) = _flatten(x, (weight,), n)
-        y, rstd = _rms_norm_forward(rows, w, eps, backend, out_dtype, xhat_dtype)
-        ctx.save_for_backward(rows, w, rstd)
-        ctx.backend = dispatch.requested(backend)
-        ctx.xhat_dtype = xhat_dtype
-        ctx.shapes = _shapes(x, weight)
-        return _as_output(y, x.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        rows, w, rstd = ctx.saved_tensors
-        dy = dy.reshape(rows.shape)
-        grads = _rms_norm_backward_body(dy, rows, w, rstd, ctx.backend, ctx.xhat_dtype)
-        return (*_unflatten(grads, ctx.shapes), None, None, None, None, None)
-
-
-# ------------------------------------------------------------------------------------------
-# Public functions: validate once, then the eager Function, or flatten to rows and call the
-# custom op.
+def _rms_norm_rows(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
+    rows, (weight,) = _flatten(x, (weight,), math.prod(shape))
+    return rows, weight, eps, backend, out_dtype, xhat_dtype
 
 
 def _cuda_extension(name, x, weight, bias, n, backend):
@@ -480,13 +378,60 @@ def _cuda_extension(name, x, weight, bias, n, backend):
     return impl if impl.takes_params(x, weight, bias) else None
 
 
-def _normalized(x, normalized_shape) -> tuple[int, ...]:
-    """normalized_shape (checked by _row_length) as a tuple."""
-    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+def _layer_norm_eager(x, weight, bias, eps, backend, shape):
+    """Plain eager mode: torch's LayerNorm with torch's autograd where native is picked (form
+    (b)), the extension's op with its C++ autograd where cuda is; None: the Function."""
+    n = math.prod(shape)
+    if dispatch.pick("layer_norm", x, backend=backend) == "native" and n > 1:
+        if _torch_takes_as_is(x, weight, bias):
+            return torch.layer_norm(x, shape, weight, bias, eps)
+        return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
+    cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)
+    return None if cuda is None else cuda.norm_with_autograd(x, weight, bias, n, eps, False)
 
 
-def _row_length(x, normalized_shape, params: dict) -> int:
-    """Check the inputs; return N, the number of elements of normalized_shape."""
+def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
+    """As _layer_norm_eager, for the plain RMSNorm (the rounding variants take the Function)."""
+    if not _plain_rms(out_dtype, xhat_dtype):
+        return None
+    if dispatch.pick("rms_norm", x, backend=backend) == "native":
+        return torch.rms_norm(_up(x), shape, _up(weight), eps).to(x.dtype)
+    n = math.prod(shape)
+    cuda = _cuda_extension("rms_norm", x, weight, None, n, backend)
+    return None if cuda is None else cuda.norm_with_autograd(x, weight, None, n, eps, True)
+
+
+LAYER_NORM = define_op(
+    "layer_norm",
+    forward=_layer_norm_forward,
+    fake=_layer_norm_fake,
+    backward=_layer_norm_backward_body,
+    backward_fake=_layer_norm_backward_fake,
+    setup_context=_layer_norm_setup_context,
+    eager=_layer_norm_eager,
+    reshape=_layer_norm_rows,
+)
+
+RMS_NORM = define_op(
+    "rms_norm",
+    forward=_rms_norm_forward,
+    fake=_rms_norm_fake,
+    backward=_rms_norm_backward_body,
+    backward_fake=_rms_norm_backward_fake,
+    setup_context=_rms_norm_setup_context,
+    grads=_rms_norm_grads,
+    eager=_rms_norm_eager,
+    reshape=_rms_norm_rows,
+)
+
+
+# ------------------------------------------------------------------------------------------
+# Public functions: validate once, then the op (define_op: the eager fast paths, the eager
+# Function, or the custom op on rows).
+
+
+def _checked_shape(x, normalized_shape, params: dict) -> tuple[int, ...]:
+    """Check the inputs; return normalized_shape as a tuple."""
     check_tensor(x, "x")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
@@ -502,8 +447,7 @@ def _row_length(x, normalized_shape, params: dict) -> int:
             f"normalized_shape {list(shape)} does not match the trailing dims of x with shape "
             f"{list(x.shape)}"
         )
-    n = math.prod(shape)
-    if n == 0:
+    if math.prod(shape) == 0:
         raise ValueError(f"normalized_shape {list(shape)} has no elements")
     for name, p in params.items():
         if p is None:
@@ -514,7 +458,7 @@ def _row_length(x, normalized_shape, params: dict) -> int:
                 f"{name} has shape {list(p.shape)}, expected normalized_shape {list(shape)}"
             )
     check_same_device(x, "x", **params)
-    return n
+    return shape
 
 
 def layer_norm(
@@ -535,21 +479,8 @@ def layer_norm(
     torch.compile and torch.export. backend: "cuda" | "triton" | "native" | "reference" to force
     one (default: the dispatch rule; "native" is torch's own LayerNorm).
     """
-    n = _row_length(x, normalized_shape, {"weight": weight, "bias": bias})
-    if eager_fast_path(x, weight, bias):
-        if dispatch.pick("layer_norm", x, backend=backend) == "native" and n > 1:
-            shape = _normalized(x, normalized_shape)
-            if _torch_takes_as_is(x, weight, bias):
-                return torch.layer_norm(x, shape, weight, bias, float(eps))
-            y = torch.layer_norm(_up(x), shape, _up(weight), _up(bias), float(eps))
-            return y.to(x.dtype)
-        cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)
-        if cuda is not None:
-            return cuda.norm_with_autograd(x, weight, bias, n, float(eps), False)
-        return _LayerNormFunction.apply(x, weight, bias, float(eps), backend, n)
-    rows, (weight, bias) = _flatten(x, (weight, bias), n)
-    y, _, _ = _layer_norm_op(rows, weight, bias, float(eps), backend)
-    return y.view(x.shape)
+    shape = _checked_shape(x, normalized_shape, {"weight": weight, "bias": bias})
+    return LAYER_NORM(x, weight, bias, float(eps), backend, shape)
 
 
 def _optional_dtype(value, name: str, x: torch.Tensor) -> torch.dtype | None:
@@ -587,20 +518,9 @@ def rms_norm(
     out_dtype=torch.promote_types(x.dtype, w.dtype), xhat_dtype=x.dtype)`` is transformers'
     ``LlamaRMSNorm``, rounding included.
     """
-    n = _row_length(x, normalized_shape, {"weight": weight})
+    shape = _checked_shape(x, normalized_shape, {"weight": weight})
     out_dtype = _optional_dtype(out_dtype, "out_dtype", x)
     xhat_dtype = _optional_dtype(xhat_dtype, "xhat_dtype", x)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    if eager_fast_path(x, weight):
-        plain = _plain_rms(out_dtype, xhat_dtype)
-        if plain and dispatch.pick("rms_norm", x, backend=backend) == "native":
-            shape = _normalized(x, normalized_shape)
-            return torch.rms_norm(_up(x), shape, _up(weight), float(eps)).to(x.dtype)
-        cuda = _cuda_extension("rms_norm", x, weight, None, n, backend) if plain else None
-        if cuda is not None:
-            return cuda.norm_with_autograd(x, weight, None, n, float(eps), True)
-        return _RMSNormFunction.apply(x, weight, float(eps), backend, n, out_dtype, xhat_dtype)
-    rows, (weight,) = _flatten(x, (weight,), n)
-    y, _ = _rms_norm_op(rows, weight, float(eps), backend, out_dtype, xhat_dtype)
-    return y.view(x.shape)
+    return RMS_NORM(x, weight, float(eps), backend, out_dtype, xhat_dtype, shape)

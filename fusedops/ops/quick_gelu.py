@@ -64,15 +64,7 @@ def _backward_fake(grad: torch.Tensor, x: torch.Tensor, backend: str | None = No
 
 
 def _setup_context(ctx, inputs, output):
-    x, backend = inputs
-    ctx.save_for_backward(x)
-    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
-    ctx.backend = dispatch.requested(backend)
-
-
-def _grads(ctx, backward, grad):
-    (x,) = ctx.saved_tensors
-    return backward(grad, x, ctx.backend), None
+    ctx.save_for_backward(inputs[0])
 
 
 QUICK_GELU = define_op(
@@ -82,7 +74,6 @@ QUICK_GELU = define_op(
     backward=_backward_body,
     backward_fake=_backward_fake,
     setup_context=_setup_context,
-    grads=_grads,
 )
 
 

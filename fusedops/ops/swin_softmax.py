@@ -110,13 +110,6 @@ def _backward_fake(grad, probs, backend):
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output)
-    ctx.backend = dispatch.requested(inputs[3])
-
-
-def _grads(ctx, backward, grad):
-    (probs,) = ctx.saved_tensors
-    d_attn, d_bias = backward(grad, probs, ctx.backend)
-    return d_attn, d_bias, None, None
 
 
 SWIN_ATTENTION_SOFTMAX = define_op(
@@ -126,7 +119,6 @@ SWIN_ATTENTION_SOFTMAX = define_op(
     backward=_backward,
     backward_fake=_backward_fake,
     setup_context=_setup_context,
-    grads=_grads,
 )
 
 

@@ -170,34 +170,29 @@ def _backward_body(
     impl = _select(q, k, v, bias, mask, backend)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv, dbias = impl.backward(dout, q, k, v, bias, mask, lse, scale, bias_grad)
-    # custom ops return tensors only: an absent gradient travels as an empty tensor
-    return dq, dk, dv, dbias if dbias is not None else q.new_empty((0,))
+    return impl.backward(dout, q, k, v, bias, mask, lse, scale, bias_grad)
 
 
 def _backward_fake(dout, q, k, v, bias, mask, lse, scale, bias_grad, backend=None):
     def like(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
 
-    dbias = like(bias) if bias_grad and bias is not None else q.new_empty((0,))
+    dbias = like(bias) if bias_grad and bias is not None else None
     return like(q), like(k), like(v), dbias
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, mask, scale, backend = inputs
+    q, k, v, bias, mask, scale, _ = inputs
     _, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, bias, mask, lse)
     ctx.scale = scale
-    # An explicit choice made around the forward (use_backend, env) also holds for the backward.
-    ctx.backend = dispatch.requested(backend)
 
 
 def _grads(ctx, backward, dout, _dlse):
     q, k, v, bias, mask, lse = ctx.saved_tensors
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias = backward(dout, q, k, v, bias, mask, lse, ctx.scale, bias_grad, ctx.backend)
-    return dq, dk, dv, dbias if bias_grad else None, None, None, None
+    return backward(dout, q, k, v, bias, mask, lse, ctx.scale, bias_grad, ctx.backend)
 
 
 WINDOW_ATTENTION = define_op(

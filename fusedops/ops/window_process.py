@@ -141,13 +141,12 @@ def _reverse_backward_fake(grad, window_h, window_w, shift_h, shift_w, backend):
 
 
 def _setup_partition(ctx, inputs, output):
-    x, ctx.window_h, ctx.window_w, ctx.shift_h, ctx.shift_w, backend = inputs
+    x, ctx.window_h, ctx.window_w, ctx.shift_h, ctx.shift_w, _ = inputs
     ctx.height, ctx.width = x.shape[1], x.shape[2]
-    ctx.backend = dispatch.requested(backend)
 
 
 def _partition_grads(ctx, backward, grad):
-    dx = backward(
+    return backward(
         grad,
         ctx.window_h,
         ctx.window_w,
@@ -157,17 +156,14 @@ def _partition_grads(ctx, backward, grad):
         ctx.shift_w,
         ctx.backend,
     )
-    return dx, None, None, None, None, None
 
 
 def _setup_reverse(ctx, inputs, output):
-    _, ctx.window_h, ctx.window_w, _, _, ctx.shift_h, ctx.shift_w, backend = inputs
-    ctx.backend = dispatch.requested(backend)
+    _, ctx.window_h, ctx.window_w, _, _, ctx.shift_h, ctx.shift_w, _ = inputs
 
 
 def _reverse_grads(ctx, backward, grad):
-    dwindows = backward(grad, ctx.window_h, ctx.window_w, ctx.shift_h, ctx.shift_w, ctx.backend)
-    return dwindows, None, None, None, None, None, None, None
+    return backward(grad, ctx.window_h, ctx.window_w, ctx.shift_h, ctx.shift_w, ctx.backend)
 
 
 WINDOW_PARTITION_ROLL = define_op(

@@ -47,10 +47,10 @@ def _forward(x, weight, bias, eps, rms: bool, out_dtype=None, xhat_dtype=None):
     return y.astype(x.dtype if out_dtype is None else jax_dtype(out_dtype)), mean, rstd
 
 
-def _grad_or_empty(grad, like, x):
-    """``grad`` in ``like``'s dtype, or an empty ``(0,)`` array of x's dtype when ``like`` (the
-    parameter) is absent."""
-    return jnp.zeros((0,), x.dtype) if like is None else grad.astype(like.dtype)
+def _grad_or_empty(grad, like, dy):
+    """``grad`` in ``like``'s dtype, or an empty ``(0,)`` array of dy's dtype when ``like`` (the
+    parameter) is absent (the op's: define_op's empty tensor is like the incoming gradient)."""
+    return jnp.zeros((0,), dy.dtype) if like is None else grad.astype(like.dtype)
 
 
 def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
@@ -65,8 +65,8 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
         inner = inner + jnp.mean(g, axis=1, keepdims=True)
     dx = ((g - inner) * rstd).astype(x.dtype)
     dweight = None if weight is None else jnp.sum(g0 * _rounded(xhat, xhat_dtype), axis=0)
-    dweight = _grad_or_empty(dweight, weight, x)
-    dbias = _grad_or_empty(jnp.sum(g0, axis=0) if bias is not None else None, bias, x)
+    dweight = _grad_or_empty(dweight, weight, dy)
+    dbias = _grad_or_empty(jnp.sum(g0, axis=0) if bias is not None else None, bias, dy)
     return dx, dweight, dbias
 
 

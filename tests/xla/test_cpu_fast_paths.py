@@ -56,11 +56,27 @@ DEPTHWISE = [
 def test_depthwise_convolution_matches_eager(depthwise_calls, x_shape, w_shape, kwargs):
     kwargs = {"groups": x_shape[1], **kwargs}
     conv = _CONV[len(x_shape)]
-    x, w, b = torch.randn(x_shape), torch.randn(w_shape), torch.randn(w_shape[0])
+    cpu = torch.device("cpu")
+    x, w = torch.randn(x_shape, device=cpu), torch.randn(w_shape, device=cpu)
+    b = torch.randn(w_shape[0], device=cpu)
     # the longest sums: over the taps (forward, input gradient) or batch x positions (weight)
     terms = max(math.prod(w_shape[2:]), x_shape[0] * math.prod(x_shape[2:]))
-    check_traced(lambda x, w, b: conv(x, w, b, **kwargs), x, w, b, terms=terms)
+    magnitude = _largest_term_sum(lambda x, w: conv(x, w, None, **kwargs), x, w)
+    check_traced(lambda x, w, b: conv(x, w, b, **kwargs), x, w, b, terms=terms, magnitude=magnitude)
     assert depthwise_calls == {"forward": 1, "input": 1, "weight": 1}, depthwise_calls
+
+
+def _largest_term_sum(conv, x, w) -> float:
+    """The largest sum of |terms| behind one element of the output or of a gradient (x, w, the
+    bias) under check_traced's cotangent (randn from seed 0): a convolution is bilinear, so
+    these are the output and gradients of the same convolution of |x|, |w| and |cotangent|."""
+    x_abs, w_abs = x.abs().requires_grad_(), w.abs().requires_grad_()
+    out = conv(x_abs, w_abs)
+    generator = torch.Generator().manual_seed(0)
+    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=generator).abs()
+    grad_x, grad_w = torch.autograd.grad(out, (x_abs, w_abs), cotangent)
+    grad_b = cotangent.sum(dim=[d for d in range(cotangent.dim()) if d != 1])
+    return max(t.max().item() for t in (out, grad_x, grad_w, grad_b))
 
 
 def test_depthwise_convolution_float16(depthwise_calls):

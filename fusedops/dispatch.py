@@ -287,6 +287,11 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
     raise BackendUnavailableError(f"fusedops.{name}: no backend can run: " + " | ".join(refused))
 
 
+def implementation(name: str, backend: str) -> Any:
+    """The implementation namespace of op ``name`` on ``backend`` (already picked)."""
+    return _implementation(_OPS[name], backend)
+
+
 def select(name: str, *tensors: torch.Tensor, backend: str | None = None) -> Any:
     """The implementation namespace the dispatch rule picks for op ``name`` on ``tensors``."""
     return _implementation(_OPS[name], pick(name, *tensors, backend=backend))

@@ -5,8 +5,9 @@ sources (every import statement, function-level ones included)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from fusedops.kernels.verified import fusedops_imports
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fusedops"
 
@@ -20,17 +21,9 @@ MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
 def _imports(path: Path) -> set[str]:
-    """The fusedops modules ``path`` imports anywhere in it (``from a.b import c`` is ``a.b.c``
-    where that is a module, else ``a.b``)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                name = f"{node.module}.{alias.name}"
-                found.add(name if name in MODULES else node.module)
-    return {name for name in found if name in MODULES}
+    """The fusedops modules ``path`` imports anywhere in it (the verified-dispatch table's
+    reader of kernel sources, host plumbing included)."""
+    return fusedops_imports(path) & MODULES.keys()
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

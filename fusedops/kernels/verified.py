@@ -53,9 +53,10 @@ def _module_file(module: str) -> Path:
     return Path(spec.origin)
 
 
-def _fusedops_imports(path: Path) -> set[str]:
-    """Dotted names of the fusedops modules ``path`` imports (``from fusedops.x import y``
-    counts ``fusedops.x.y`` when that is a module, else ``fusedops.x``)."""
+def fusedops_imports(path: Path) -> set[str]:
+    """Dotted names of the fusedops modules ``path`` imports anywhere in it, function-level
+    imports included (``from fusedops.x import y`` counts ``fusedops.x.y`` when that is a
+    module, else ``fusedops.x``)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -70,7 +71,12 @@ def _fusedops_imports(path: Path) -> set[str]:
                     PACKAGE_ROOT / relative / "__init__.py"
                 ).exists()
                 names.add(sub if is_module else node.module)
-    return names - set(HOST_MODULES)
+    return names
+
+
+def _fusedops_imports(path: Path) -> set[str]:
+    """``fusedops_imports`` less the host plumbing a kernel's sources leave out."""
+    return fusedops_imports(path) - set(HOST_MODULES)
 
 
 def source_files(backend: str, module: str) -> list[Path]:

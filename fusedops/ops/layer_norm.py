@@ -365,16 +365,14 @@ def _rms_norm_rows(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
     return rows, weight, eps, backend, out_dtype, xhat_dtype
 
 
-def _cuda_extension(name, x, weight, bias, n, backend):
+def _cuda_extension(chosen, name, x, weight, bias, n):
     """The CUDA launcher module when an eager call takes the extension's op with its autograd
-    in C++ (the dispatch rule picks cuda and the kernels read the parameters as they are), else
-    None: then the autograd.Function, whose backward is Python, runs whichever backend the rule
-    picks."""
-    if x.device.type != "cuda" or unsupported_reasons("cuda", x, n):
+    in C++ (the dispatch rule picked ``chosen`` = cuda and the kernels read the parameters as
+    they are), else None: then the autograd.Function, whose backward is Python, runs whichever
+    backend the rule picks."""
+    if chosen != "cuda" or x.device.type != "cuda" or unsupported_reasons("cuda", x, n):
         return None
-    if dispatch.select_name(name, x, backend=backend) != "cuda":
-        return None
-    impl = dispatch.select(name, x, backend=backend)  # the cuda implementation, as picked
+    impl = dispatch.implementation(name, "cuda")
     return impl if impl.takes_params(x, weight, bias) else None
 
 
@@ -382,11 +380,12 @@ def _layer_norm_eager(x, weight, bias, eps, backend, shape):
     """Plain eager mode: torch's LayerNorm with torch's autograd where native is picked (form
     (b)), the extension's op with its C++ autograd where cuda is; None: the Function."""
     n = math.prod(shape)
-    if dispatch.pick("layer_norm", x, backend=backend) == "native" and n > 1:
+    chosen = dispatch.pick("layer_norm", x, backend=backend)
+    if chosen == "native" and n > 1:
         if _torch_takes_as_is(x, weight, bias):
             return torch.layer_norm(x, shape, weight, bias, eps)
         return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
-    cuda = _cuda_extension("layer_norm", x, weight, bias, n, backend)
+    cuda = _cuda_extension(chosen, "layer_norm", x, weight, bias, n)
     return None if cuda is None else cuda.norm_with_autograd(x, weight, bias, n, eps, False)
 
 
@@ -394,10 +393,11 @@ def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
     """As _layer_norm_eager, for the plain RMSNorm (the rounding variants take the Function)."""
     if not _plain_rms(out_dtype, xhat_dtype):
         return None
-    if dispatch.pick("rms_norm", x, backend=backend) == "native":
+    chosen = dispatch.pick("rms_norm", x, backend=backend)
+    if chosen == "native":
         return torch.rms_norm(_up(x), shape, _up(weight), eps).to(x.dtype)
     n = math.prod(shape)
-    cuda = _cuda_extension("rms_norm", x, weight, None, n, backend)
+    cuda = _cuda_extension(chosen, "rms_norm", x, weight, None, n)
     return None if cuda is None else cuda.norm_with_autograd(x, weight, None, n, eps, True)
 
 

@@ -56,8 +56,12 @@ _lock = threading.Lock()
 last_used: dict[str, str] = {}
 
 
-class BackendUnavailableError(RuntimeError):
-    """No backend can run an op on the given inputs; the message lists every reason."""
+class BackendUnavailableError(RuntimeError, ValueError):
+    """No backend can run an op on the given inputs; the message lists every reason.
+
+    A ``RuntimeError`` (a backend missing from this environment) and a ``ValueError`` (inputs a
+    forced backend refuses: dtype, device, the op's ``unsupported_reasons``), so code that
+    catches either for bad input catches it."""
 
 
 @dataclass(frozen=True)

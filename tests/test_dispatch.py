@@ -53,6 +53,9 @@ def test_forced_backend_that_cannot_run_lists_reasons(monkeypatch):
         dispatch.select_name("quick_gelu", torch.ones(2), backend="triton")
     with pytest.raises(dispatch.BackendUnavailableError, match="dtype torch.float64"):
         dispatch.select_name("quick_gelu", _cuda_input(torch.float64), backend="triton")
+    # inputs a forced backend refuses are bad input: a ValueError too
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        dispatch.select_name("quick_gelu", _cuda_input(torch.float64), backend="triton")
 
 
 def test_cuda_tensor_prefers_cuda_then_triton_then_native(monkeypatch):

@@ -181,8 +181,7 @@ native = SimpleNamespace(step=_native_step)
 dispatch.register_op(
     "adam",
     reference,
-    triton_module="fusedops.kernels.triton.adam",
-    cuda_module="fusedops.kernels.cuda.adam",
+    kernels="adam",
     preference=("triton", "cuda"),
     native=native,
 )

@@ -68,8 +68,7 @@ for _name in ("nms", "soft_nms"):
     dispatch.register_op(
         _name,
         nms_reference,
-        triton_module="fusedops.kernels.triton.nms",
-        cuda_module="fusedops.kernels.cuda.nms",
+        kernels="nms",
     )
 
 

@@ -21,11 +21,12 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from fusedops._demo_loop import timed_steps
 
 CONFIGS = ("plain PyTorch", "fusedops hooks", "partial_trace(xla)")
 DROPOUT = 0.1
@@ -140,16 +141,9 @@ def run_config(config: str, steps: int, batch: int, device: str) -> dict:
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times, loss = [], None
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = F.cross_entropy(forward(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    times, loss = timed_steps(
+        lambda: F.cross_entropy(forward(images), labels), optimizer, steps, device
+    )
     if device == "cuda":
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
         memory_kind = "CUDA max allocated"

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
-import time
 
 import torch
 from torch.nn import functional as F
+
+from fusedops._demo_loop import timed_steps
 
 IMAGE = 36  # 9x9 then 5x5 feature maps: both padded to the 4x4 window
 
@@ -34,16 +35,9 @@ def _train(steps: int, batch: int, device: str, fused: bool) -> tuple[float, flo
     generator = torch.Generator().manual_seed(1)
     images = torch.randn(batch, 3, IMAGE, IMAGE, generator=generator).to(device)
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
-    times, loss = [], None
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = F.cross_entropy(model(images).logits, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    times, loss = timed_steps(
+        lambda: F.cross_entropy(model(images).logits, labels), optimizer, steps, device
+    )
     return 1e3 * statistics.median(times[1:] or times), loss.item()
 
 

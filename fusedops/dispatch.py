@@ -95,8 +95,16 @@ class Op:
 _OPS: dict[str, Op] = {}
 
 
-def register_op(name: str, reference: Any, **options: Any) -> Op:
-    """Register (or re-register) op ``name`` with its reference namespace and backend options."""
+def register_op(name: str, reference: Any, *, kernels: str | None = None, **options: Any) -> Op:
+    """Register (or re-register) op ``name`` with its reference namespace and backend options
+    (``Op``'s fields). ``kernels="<module>"`` names both kernel modules by the package layout,
+    ``fusedops.kernels.triton.<module>`` and ``fusedops.kernels.cuda.<module>``."""
+    if kernels is not None:
+        options = {
+            "triton_module": f"fusedops.kernels.triton.{kernels}",
+            "cuda_module": f"fusedops.kernels.cuda.{kernels}",
+            **options,
+        }
     op = Op(name=name, reference=reference, **options)
     _OPS[name] = op
     return op

@@ -35,7 +35,10 @@ Two extensions serve ops that do more than that:
   x ``(..., *normalized_shape)`` and parameters of ``normalized_shape`` as rows ``(M, N)`` and
   ``(N,)``); the eager Function reshapes inside, where autograd records no view nodes.
 
-An op that writes its inputs (``adam_step``) passes ``mutates_args`` and no backward.
+An op that writes its inputs (``adam_step``) passes ``mutates_args`` and no backward. An op
+module that names its bodies by the convention of ``BODY_NAMES`` (``_forward``,
+``_forward_fake``, ``_backward_body``...) passes them all at once: ``define_module_op(name,
+globals())``.
 
 The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") lives in
 ``kernels/xla/<op>.py`` under the op's own name, beside its Triton and CUDA kernels;
@@ -46,7 +49,7 @@ The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") live
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +179,26 @@ def define_op(
         methods(forward, backward, setup, grads, reshape),
     )
     return FusedOp(name, op, backward_op, function, forward, eager, reshape)
+
+
+#: The names an op module gives its bodies, by ``define_op`` keyword (``define_module_op``).
+BODY_NAMES = {
+    "forward": "_forward",
+    "fake": "_forward_fake",
+    "backward": "_backward_body",
+    "backward_fake": "_backward_fake",
+    "setup_context": "_setup_context",
+    "grads": "_grads",
+}
+
+
+def define_module_op(name: str, namespace: Mapping[str, Any], **options: Any) -> FusedOp:
+    """``define_op(name, ...)`` with the bodies an op module names by the convention of
+    ``BODY_NAMES`` (``_forward``, ``_forward_fake``, ``_backward_body``, ``_backward_fake``,
+    ``_setup_context``, ``_grads``; a name the module lacks: that keyword is absent), read from
+    ``namespace`` (the module's ``globals()``); ``options``: define_op's other keywords."""
+    bodies = {key: namespace[attr] for key, attr in BODY_NAMES.items() if attr in namespace}
+    return define_op(name, **bodies, **options)
 
 
 def _with_backend(name: str, forward: Callable, setup_context: Callable) -> Callable:

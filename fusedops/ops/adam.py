@@ -1,6 +1,7 @@
 """Adam / AdamW update of a group of tensors (one device, one param dtype) in one call.
 
-Every backend implements ``step`` with the signature of ``_reference_step`` below; the lists hold
+Every backend implements ``step(*lists, **options)`` (fusedops/kernels/shared/adam.py: the seven
+lists positionally, the hyperparameters of ``StepOptions`` by keyword); the lists hold
 tensors with at least one element, all on one device, each dense (contiguous, or sharing its
 param's strides), elementwise aligned with its param:
 
@@ -34,69 +35,53 @@ is written: the skip happens on the device, with no host synchronisation.
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from fusedops import dispatch
+from fusedops.kernels.shared.adam import step_arguments
 from fusedops.ops._define import define_op
 
 
-def _reference_step(
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    max_exp_avg_sqs: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    *,
-    lr: float,
-    lr_tensor: torch.Tensor | None,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled: bool,
-    grad_scale: torch.Tensor | None,
-    found_inf: torch.Tensor | None,
-    clip_coef: torch.Tensor | None = None,
-) -> None:
-    """Plain-PyTorch Adam/AdamW update of each tensor (the CPU path and the test oracle)."""
-    skip = None if found_inf is None else found_inf != 0
-    rate = lr if lr_tensor is None else lr_tensor.to(torch.float32)
+def _reference_step(*lists: list[torch.Tensor], **options: Any) -> None:
+    """Plain-PyTorch Adam/AdamW update of each tensor (the CPU path and the test oracle): the
+    seven lists of the layout above, the hyperparameters by keyword (``StepOptions``)."""
+    lists, o = step_arguments(lists, options)
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps = lists
+    skip = None if o.found_inf is None else o.found_inf != 0
+    rate = o.lr if o.lr_tensor is None else o.lr_tensor.to(torch.float32)
     for i, param in enumerate(params):
         compute = torch.float64 if param.dtype == torch.float64 else torch.float32
         # In place when nothing may have to be undone (no found_inf) and nothing is rounded.
         work = lambda t: t if skip is None and t.dtype == compute else t.to(compute, copy=True)  # noqa: B023
         p = work(masters[i] if masters else param)
         g = grads[i].to(compute, copy=True)
-        if grad_scale is not None:
-            g.div_(grad_scale.to(compute))
-        unscaled = g.clone() if grad_scale is not None else None
-        if clip_coef is not None:
-            g.mul_(clip_coef.to(compute))
-        if maximize:
+        if o.grad_scale is not None:
+            g.div_(o.grad_scale.to(compute))
+        unscaled = g.clone() if o.grad_scale is not None else None
+        if o.clip_coef is not None:
+            g.mul_(o.clip_coef.to(compute))
+        if o.maximize:
             g.neg_()
-        if weight_decay != 0:
-            if decoupled:
-                p.mul_(1 - rate * weight_decay)
+        if o.weight_decay != 0:
+            if o.decoupled:
+                p.mul_(1 - rate * o.weight_decay)
             else:
-                g.add_(p, alpha=weight_decay)
-        m = work(exp_avgs[i]).lerp_(g, 1 - beta1)
-        v = work(exp_avg_sqs[i]).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                g.add_(p, alpha=o.weight_decay)
+        m = work(exp_avgs[i]).lerp_(g, 1 - o.beta1)
+        v = work(exp_avg_sqs[i]).mul_(o.beta2).addcmul_(g, g, value=1 - o.beta2)
         step = steps[i].to(compute)
-        bias_correction1 = 1 - torch.pow(beta1, step)
-        bias_correction2_sqrt = (1 - torch.pow(beta2, step)).sqrt()
+        bias_correction1 = 1 - torch.pow(o.beta1, step)
+        bias_correction2_sqrt = (1 - torch.pow(o.beta2, step)).sqrt()
         v_hat = v
-        if amsgrad:
+        if o.amsgrad:
             v_hat = torch.maximum(max_exp_avg_sqs[i].to(compute), v)
-        denom = v_hat.sqrt().div_(bias_correction2_sqrt).add_(eps)
+        denom = v_hat.sqrt().div_(bias_correction2_sqrt).add_(o.eps)
         p.sub_(m.div(denom).mul_(rate / bias_correction1))
 
         updates = [(param, p), (exp_avgs[i], m), (exp_avg_sqs[i], v)]
-        if amsgrad:
+        if o.amsgrad:
             updates.append((max_exp_avg_sqs[i], v_hat))
         if masters:
             updates.append((masters[i], p))
@@ -112,11 +97,7 @@ def _reference_step(
 reference = SimpleNamespace(step=_reference_step)
 
 
-def _native_step(
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, *, lr, lr_tensor,
-    beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled, grad_scale, found_inf,
-    clip_coef=None,
-) -> None:  # fmt: skip
+def _native_step(*lists: list[torch.Tensor], **options: Any) -> None:
     """``_reference_step`` through ``torch._fused_adam_`` / ``torch._fused_adamw_`` (torch's own
     fused step, CPU and CUDA): the same steps convention (already incremented), grad_scale and
     found_inf handled by torch on the device. With master weights torch's step runs on the fp32
@@ -125,21 +106,18 @@ def _native_step(
     keep their unclipped values, unscaled when ``grad_scale`` is given); 16-bit params without
     master weights then take the reference's formula (a 16-bit copy would round the clipped
     gradient)."""
-    clipped = clip_coef is not None
+    lists, o = step_arguments(lists, options)
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps = lists
+    clipped = o.clip_coef is not None
     if clipped and not masters and params[0].dtype in (torch.float16, torch.bfloat16):
-        _reference_step(
-            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps, lr=lr,
-            lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-            amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, grad_scale=grad_scale,
-            found_inf=found_inf, clip_coef=clip_coef,
-        )  # fmt: skip
+        _reference_step(*lists, **options)
         return
-    fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
+    fused = torch._fused_adamw_ if o.decoupled else torch._fused_adam_
     update_grads = grads
     if clipped or masters:
         update_grads = [g.to(torch.float32 if masters else g.dtype, copy=True) for g in grads]
         if clipped:
-            torch._foreach_mul_(update_grads, clip_coef.to(update_grads[0].dtype))
+            torch._foreach_mul_(update_grads, o.clip_coef.to(update_grads[0].dtype))
     fused(
         masters or params,
         update_grads,
@@ -147,29 +125,29 @@ def _native_step(
         exp_avg_sqs,
         max_exp_avg_sqs,
         steps,
-        lr=lr if lr_tensor is None else lr_tensor,
-        beta1=beta1,
-        beta2=beta2,
-        weight_decay=weight_decay,
-        eps=eps,
-        amsgrad=amsgrad,
-        maximize=maximize,
-        grad_scale=grad_scale,
-        found_inf=found_inf,
+        lr=o.lr if o.lr_tensor is None else o.lr_tensor,
+        beta1=o.beta1,
+        beta2=o.beta2,
+        weight_decay=o.weight_decay,
+        eps=o.eps,
+        amsgrad=o.amsgrad,
+        maximize=o.maximize,
+        grad_scale=o.grad_scale,
+        found_inf=o.found_inf,
     )
     written, sources = (list(params), list(masters)) if masters else ([], [])
-    if grad_scale is not None and update_grads is not grads:
+    if o.grad_scale is not None and update_grads is not grads:
         # torch unscaled update_grads in place; clipped copies hold the clipped values instead
         unscaled = update_grads
         if clipped:
-            unscaled = list(torch._foreach_div([g.to(torch.float32) for g in grads], grad_scale))
+            unscaled = list(torch._foreach_div([g.to(torch.float32) for g in grads], o.grad_scale))
         written, sources = [*written, *grads], [*sources, *unscaled]
     if not written:
         return
-    if found_inf is None:
+    if o.found_inf is None:
         torch._foreach_copy_(written, sources)
     else:  # no host sync: keep the old values where found_inf is set
-        skip = found_inf != 0
+        skip = o.found_inf != 0
         for target, source in zip(written, sources):
             target.copy_(torch.where(skip, target, source.to(target.dtype)))
 
@@ -181,8 +159,7 @@ native = SimpleNamespace(step=_native_step)
 dispatch.register_op(
     "adam",
     reference,
-    triton_module="fusedops.kernels.triton.adam",
-    cuda_module="fusedops.kernels.cuda.adam",
+    kernels="adam",
     preference=("triton", "cuda"),
     native=native,
 )

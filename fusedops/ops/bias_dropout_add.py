@@ -63,7 +63,7 @@ from fusedops import dispatch
 from fusedops.kernels.device import same_device
 from fusedops.kernels.shared import philox
 from fusedops.ops._checks import check_same_device, check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
@@ -198,8 +198,7 @@ def _kernel_dtypes(*dtypes: torch.dtype | None) -> bool:
 dispatch.register_op(
     NAME,
     reference,
-    triton_module="fusedops.kernels.triton.bias_dropout_add",
-    cuda_module="fusedops.kernels.cuda.bias_dropout_add",
+    kernels="bias_dropout_add",
     unsupported_reasons=unsupported_reasons,
     native=native,
 )
@@ -279,15 +278,7 @@ def _grads(ctx, backward, grad):
     return grad_x, grad_bias, grad
 
 
-BIAS_DROPOUT_ADD = define_op(
-    NAME,
-    forward=_forward,
-    fake=_forward_fake,
-    backward=_backward_body,
-    backward_fake=_backward_fake,
-    setup_context=_setup_context,
-    grads=_grads,
-)
+BIAS_DROPOUT_ADD = define_module_op(NAME, globals())
 
 # ------------------------------------------------------------------------------------------
 # Public functions

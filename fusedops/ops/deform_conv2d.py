@@ -37,7 +37,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import compute_dtype
 
 # ------------------------------------------------------------------------------------------
@@ -235,8 +235,7 @@ native = SimpleNamespace(forward=_native_forward, backward=_native_backward)
 dispatch.register_op(
     "deform_conv2d",
     reference,
-    triton_module="fusedops.kernels.triton.deform_conv2d",
-    cuda_module="fusedops.kernels.cuda.deform_conv2d",
+    kernels="deform_conv2d",
     native=native,
 )
 
@@ -322,15 +321,7 @@ def _grads(ctx, backward, grad):
     )
 
 
-DEFORM_CONV2D = define_op(
-    "deform_conv2d",
-    forward=_forward,
-    fake=_forward_fake,
-    backward=_backward_body,
-    backward_fake=_backward_fake,
-    setup_context=_setup_context,
-    grads=_grads,
-)
+DEFORM_CONV2D = define_module_op("deform_conv2d", globals())
 
 # ------------------------------------------------------------------------------------------
 # Public function and its input checks.

@@ -231,8 +231,7 @@ for _name in ("layer_norm", "rms_norm"):
     dispatch.register_op(
         _name,
         reference,
-        triton_module="fusedops.kernels.triton.layer_norm",
-        cuda_module="fusedops.kernels.cuda.layer_norm",
+        kernels="layer_norm",
         unsupported_reasons=unsupported_reasons,
         native=native,
     )

@@ -68,8 +68,7 @@ for _name in ("nms", "soft_nms"):
     dispatch.register_op(
         _name,
         nms_reference,
-        triton_module="fusedops.kernels.triton.nms",
-        cuda_module="fusedops.kernels.cuda.nms",
+        kernels="nms",
     )
 
 
@@ -320,12 +319,7 @@ def nms(
     backend: "cuda" | "triton" | "native" | "reference" to force one (default: the dispatch rule).
     """
     boxes, scores, _ = _check_boxes_scores(boxes, scores)
-    thr = _number(iou_threshold, "iou_threshold")
-    native = _native_nms(boxes, scores, None, thr, backend)
-    if native is not None:
-        return native
-    keep, count = NMS(boxes, scores, None, thr, 0, backend)
-    return keep[: _length(count, keep.shape[0])]
+    return _hard_nms(boxes, scores, None, iou_threshold, backend)
 
 
 def batched_nms(
@@ -341,6 +335,12 @@ def batched_nms(
     score order (ties: lower index first). Other arguments as :func:`nms`.
     """
     boxes, scores, idxs = _check_boxes_scores(boxes, scores, idxs, batched=True)
+    return _hard_nms(boxes, scores, idxs, iou_threshold, backend)
+
+
+def _hard_nms(boxes, scores, idxs, iou_threshold, backend: str | None) -> torch.Tensor:
+    """``nms`` (idxs None) and ``batched_nms`` on checked boxes and scores: torchvision's op on
+    the native backend in eager mode, else the custom op; int64 (K,) kept indices."""
     thr = _number(iou_threshold, "iou_threshold")
     native = _native_nms(boxes, scores, idxs, thr, backend)
     if native is not None:

@@ -19,7 +19,7 @@ import torch
 from fusedops import dispatch
 from fusedops.kernels.shared.constants import QUICK_GELU_ALPHA
 from fusedops.ops._checks import check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import define_module_op
 from fusedops.ops._eager import eager_fast_path
 
 ALPHA = QUICK_GELU_ALPHA
@@ -42,8 +42,7 @@ reference = SimpleNamespace(forward=_reference_forward, backward=_reference_back
 dispatch.register_op(
     "quick_gelu",
     reference,
-    triton_module="fusedops.kernels.triton.quick_gelu",
-    cuda_module="fusedops.kernels.cuda.quick_gelu",
+    kernels="quick_gelu",
 )
 
 
@@ -67,14 +66,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(inputs[0])
 
 
-QUICK_GELU = define_op(
-    "quick_gelu",
-    forward=_forward,
-    fake=_forward_fake,
-    backward=_backward_body,
-    backward_fake=_backward_fake,
-    setup_context=_setup_context,
-)
+QUICK_GELU = define_module_op("quick_gelu", globals())
 
 
 def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax
@@ -70,8 +70,7 @@ def unsupported_reasons(backend: str, attn: torch.Tensor) -> list[str]:
 dispatch.register_op(
     "swin_attention_softmax",
     reference,
-    triton_module="fusedops.kernels.triton.swin_softmax",
-    cuda_module="fusedops.kernels.cuda.swin_softmax",
+    kernels="swin_softmax",
     unsupported_reasons=unsupported_reasons,
 )
 
@@ -89,7 +88,7 @@ def _forward(
     return impl.forward(attn, bias, mask)
 
 
-def _backward(
+def _backward_body(
     grad: torch.Tensor, probs: torch.Tensor, backend: str | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     impl = dispatch.select("swin_attention_softmax", probs, backend=backend)
@@ -112,14 +111,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output)
 
 
-SWIN_ATTENTION_SOFTMAX = define_op(
-    "swin_attention_softmax",
-    forward=_forward,
-    fake=_forward_fake,
-    backward=_backward,
-    backward_fake=_backward_fake,
-    setup_context=_setup_context,
-)
+SWIN_ATTENTION_SOFTMAX = define_module_op("swin_attention_softmax", globals())
 
 
 def swin_attention_softmax(

@@ -37,7 +37,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, native_softmax, shifted_exp
@@ -122,8 +122,7 @@ def unsupported_reasons(backend: str, q, k, v, bias=None, mask=None) -> list[str
 dispatch.register_op(
     "window_attention",
     reference,
-    triton_module="fusedops.kernels.triton.window_attention",
-    cuda_module="fusedops.kernels.cuda.window_attention",
+    kernels="window_attention",
     # The Triton kernel is the fused one; the CUDA path is cuBLAS products around fused
     # softmax kernels (see README). Order to be revisited with bench_window_attention results.
     preference=("triton", "cuda"),
@@ -195,15 +194,7 @@ def _grads(ctx, backward, dout, _dlse):
     return backward(dout, q, k, v, bias, mask, lse, ctx.scale, bias_grad, ctx.backend)
 
 
-WINDOW_ATTENTION = define_op(
-    "window_attention",
-    forward=_forward,
-    fake=_forward_fake,
-    backward=_backward_body,
-    backward_fake=_backward_fake,
-    setup_context=_setup_context,
-    grads=_grads,
-)
+WINDOW_ATTENTION = define_module_op("window_attention", globals())
 
 # ------------------------------------------------------------------------------------------
 # Public function and its input checks.

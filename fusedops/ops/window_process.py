@@ -60,8 +60,7 @@ for _name in ("window_partition_roll", "window_reverse_roll"):
     dispatch.register_op(
         _name,
         reference,
-        triton_module="fusedops.kernels.triton.window_process",
-        cuda_module="fusedops.kernels.cuda.window_process",
+        kernels="window_process",
     )
 
 

@@ -26,12 +26,14 @@ the caching allocator hands gradients the same blocks each step).
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from fusedops import dispatch
+from fusedops.kernels.shared.adam import step_arguments
 
 #: Elements per chunk (one program) and per inner iteration.
 CHUNK = 65536
@@ -320,33 +322,16 @@ def _tables(lists, chunk, max_tensors, max_chunks, amsgrad):
 
 
 def step(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    masters,
-    steps,
-    *,
-    lr,
-    lr_tensor,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    amsgrad,
-    maximize,
-    decoupled,
-    grad_scale,
-    found_inf,
-    clip_coef=None,
+    *lists: list[torch.Tensor],
     chunk: int | None = None,
     block: int | None = None,
     max_tensors: int = MAX_TENSORS,
     max_chunks: int = MAX_CHUNKS,
+    **options: Any,
 ) -> None:
-    """Adam/AdamW update of a tensor group (layout: fusedops.ops.adam), one launch per table;
-    ``clip_coef`` (0-d float32 on the device, or None) multiplies the unscaled gradient.
+    """Adam/AdamW update of a tensor group, one launch per table: the backend interface of
+    fusedops/kernels/shared/adam.py (layout: fusedops.ops.adam); ``clip_coef`` (0-d float32 on
+    the device, or None) multiplies the unscaled gradient.
 
     chunk/block (elements per program / per iteration; chunk a multiple of block) and the
     table capacities default to the module constants (smaller chunks under the interpreter).
@@ -354,34 +339,35 @@ def step(
     interpreted = dispatch.triton_interpreter()
     chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
     block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
-    lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps]
+    lists, o = step_arguments(lists, options)
+    params, _, exp_avgs, _, _, masters, steps = lists
     dummy = steps[0]  # any tensor: stands for pointers a kernel variant never reads
-    tables = _tables(lists, chunk, max_tensors, max_chunks, amsgrad)
+    tables = _tables(lists, chunk, max_tensors, max_chunks, o.amsgrad)
     for table, n_slots, n_chunks, aligned in tables:
         _adam_kernel[(n_chunks,)](
             table,
             n_slots,
             n_chunks,
-            lr,
-            lr_tensor if lr_tensor is not None else dummy,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            grad_scale if grad_scale is not None else dummy,
-            found_inf if found_inf is not None else dummy,
-            clip_coef if clip_coef is not None else dummy,
+            o.lr,
+            o.lr_tensor if o.lr_tensor is not None else dummy,
+            o.beta1,
+            o.beta2,
+            o.eps,
+            o.weight_decay,
+            o.grad_scale if o.grad_scale is not None else dummy,
+            o.found_inf if o.found_inf is not None else dummy,
+            o.clip_coef if o.clip_coef is not None else dummy,
             PARAM_DTYPE=_TL_DTYPES[params[0].dtype],
             STATE_DTYPE=_TL_DTYPES[exp_avgs[0].dtype],
-            AMSGRAD=amsgrad,
-            MAXIMIZE=maximize,
-            DECOUPLED=decoupled,
-            HAS_WEIGHT_DECAY=weight_decay != 0,
+            AMSGRAD=o.amsgrad,
+            MAXIMIZE=o.maximize,
+            DECOUPLED=o.decoupled,
+            HAS_WEIGHT_DECAY=o.weight_decay != 0,
             HAS_MASTER=bool(masters),
-            LR_ON_DEVICE=lr_tensor is not None,
-            HAS_GRAD_SCALE=grad_scale is not None,
-            HAS_FOUND_INF=found_inf is not None,
-            HAS_CLIP=clip_coef is not None,
+            LR_ON_DEVICE=o.lr_tensor is not None,
+            HAS_GRAD_SCALE=o.grad_scale is not None,
+            HAS_FOUND_INF=o.found_inf is not None,
+            HAS_CLIP=o.clip_coef is not None,
             CHUNK=chunk,
             BLOCK=block,
             ALIGNED=aligned,

@@ -11,20 +11,12 @@ import pytest
 import torch
 
 import fusedops
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    random_tensor,
-    run_python,
-)
+from fusedops.testing import assert_close, random_tensor, run_python
+from tests.op_testing import BACKENDS, DEVICE
 
 transformers = pytest.importorskip("transformers")
 
 from fusedops.integrations import transformers as integration  # noqa: E402
-
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -24,11 +24,7 @@ activations = pytest.importorskip("transformers.activations")
 ORIGINAL_QUICK_GELU = activations.QuickGELUActivation
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 def _fused(module_or_class) -> bool:

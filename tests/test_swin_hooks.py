@@ -27,11 +27,7 @@ ORIGINALS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 @pytest.fixture(autouse=True)

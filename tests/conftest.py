@@ -73,6 +73,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture
+def restore_hooks():
+    """Disables every fusedops hook after the test; a file whose tests enable hooks uses it on
+    each (``pytestmark = pytest.mark.usefixtures("restore_hooks")``)."""
+    yield
+    from fusedops import hooks
+
+    for name in hooks.available():
+        hooks.disable(name)
+
+
 @pytest.fixture(autouse=True)
 def _poison_kernel_outputs():
     """Every kernel output starts as NaN, so elements a kernel never writes fail the test."""

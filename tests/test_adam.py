@@ -13,16 +13,9 @@ import torch
 import fusedops
 from fusedops import dispatch, hooks
 from fusedops.optim import FusedAdam, FusedAdamW
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-)
+from fusedops.testing import assert_close
+from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNEL_BACKENDS = kernel_backends_under_test()
 PAIRS = {"adam": (FusedAdam, torch.optim.Adam), "adamw": (FusedAdamW, torch.optim.AdamW)}
 #: Params of every rank, odd sizes (1, 7, 1000, 65537) and zero-size ones.
 SHAPES = [(1,), (7,), (10, 100), (65537,), (2, 3, 1, 5), (3, 0), (0,)]

@@ -10,11 +10,10 @@ import torch
 from fusedops import dispatch, hooks
 from fusedops.ops import grad_norm
 from fusedops.optim import FusedAdam, FusedAdamW
-from fusedops.testing import assert_close, backends_under_test, device_under_test
+from fusedops.testing import assert_close
+from tests.op_testing import BACKENDS, DEVICE
 from tests.test_adam import _restore_hooks  # noqa: F401 (the fixture restoring torch's classes)
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
 PAIRS = {"adam": (FusedAdam, torch.optim.Adam), "adamw": (FusedAdamW, torch.optim.AdamW)}
 #: (shape, gradient): random, all zeros, never one (None), and a zero-size param.
 PARAMS = [

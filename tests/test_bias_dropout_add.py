@@ -11,19 +11,9 @@ import fusedops
 from fusedops.kernels.device import same_device
 from fusedops.kernels.shared import philox
 from fusedops.ops.bias_dropout_add import draw_seed, keep_mask, native, native_drop_mask, reference
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-    non_contiguous,
-    random_tensor,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor
+from tests.op_testing import BACKENDS, DEVICE, DTYPES, KERNEL_BACKENDS
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNELS = kernel_backends_under_test()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (shape, with bias): quads aligned with rows (H % 4 == 0) or not, one row, larger than a tile
 SHAPES = [
     ((1,), True),
@@ -160,7 +150,7 @@ def _kept_output(backend, shape, p, seed, with_bias=True):
     return fusedops.bias_dropout_add(x, bias, residual, p, generator=generator, backend=backend)
 
 
-@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize(
     ("shape", "with_bias"), [((9, 37), True), ((8, 64), True), ((999,), False)]
 )
@@ -195,7 +185,7 @@ def test_kept_fraction_and_scale(p):
     values are x * 1 / (1 - p) exactly (float64 reference; fp32 and the interpreted Triton
     kernel on 2^16 elements)."""
     cases = [("reference", torch.float64, 10**6), ("native", torch.float32, 10**6)]
-    cases += [(backend, torch.float32, 2**16) for backend in KERNELS]
+    cases += [(backend, torch.float32, 2**16) for backend in KERNEL_BACKENDS]
     for backend, dtype, n in cases:
         x = torch.ones(n, dtype=dtype, device=DEVICE)
         out = fusedops.bias_dropout_add(x, None, torch.zeros_like(x), p, backend=backend)
@@ -452,7 +442,7 @@ def test_zero_dim_x_with_a_bias_is_refused_and_without_runs_everywhere():
         assert x.grad.shape == () and x.grad.item() == 1.0
 
 
-@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_a_float64_bias_is_not_taken_by_the_kernels(backend):
     """fp64 anywhere means fp64 math (the module docstring): an fp64 bias with fp32 x and
     residual must not run the fp32 kernels, which an explicit choice of one reports."""
@@ -473,7 +463,7 @@ def test_a_float64_bias_runs_float64_math_in_both_directions(backend):
     bias = random_tensor((8,), torch.float64, DEVICE).requires_grad_()
     grad = random_tensor((4, 8), torch.float32, DEVICE)  # out's dtype: autograd would round it
     out = _run(backend, x, bias, residual, grad, 5)
-    assert fusedops.dispatch.last_used["bias_dropout_add"] not in KERNELS
+    assert fusedops.dispatch.last_used["bias_dropout_add"] not in KERNEL_BACKENDS
     mask_of = "native" if backend is None else backend  # the pick runs native
     want = _expected(x, bias, residual, grad, _seed_of_next_call(5), P, mask_of)
     assert out.dtype == torch.float32 and bias.grad.dtype == torch.float64

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from fusedops import hooks
 from fusedops.testing import run_python, write_tree
 
 _STAND_INS = {
@@ -106,11 +105,7 @@ def _stand_ins(tmp_path: Path) -> Path:
     return write_tree(tmp_path, _STAND_INS)
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 def test_dcn_hook_swaps_torchvision_and_mmcv_and_restores_them(tmp_path):

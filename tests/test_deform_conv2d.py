@@ -25,12 +25,11 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     cuda_include_dir,
-    device_under_test,
     poisoned_outputs,
     random_tensor,
 )
+from tests.op_testing import DEVICE, KERNEL_BACKENDS
 
-DEVICE = device_under_test()
 BACKENDS = [*backends_under_test(), "native"]
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 
@@ -190,13 +189,12 @@ def _expected(tensors, geometry, dout):
     return out, leaves
 
 
-KERNELS = [b for b in BACKENDS if b in ("triton", "cuda")]
 #: (case, backend): fp64 runs on the reference and native backends only (test_kernels_refuse_fp64)
 PAIRS = [
     pytest.param(case, backend, id=f"{_case_id(case)}-{backend}")
     for case in CASES
     for backend in BACKENDS
-    if case[-1] != F64 or backend not in KERNELS
+    if case[-1] != F64 or backend not in KERNEL_BACKENDS
 ]
 
 
@@ -264,7 +262,7 @@ def test_empty_batch(backend, deterministic):
         assert leaf.grad.shape == leaf.shape and not leaf.grad.any(), name
 
 
-@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_kernels_refuse_fp64(backend):
     tensors, geometry = _inputs(CASES[-1])
     with pytest.raises(fusedops.BackendUnavailableError, match="float64"):

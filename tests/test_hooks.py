@@ -34,11 +34,7 @@ def _current():
     return sys.modules[__name__].QuickGELU
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 def test_enable_replaces_named_class_and_disable_restores():

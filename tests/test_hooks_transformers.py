@@ -17,6 +17,7 @@ import fusedops
 from fusedops import hooks
 from fusedops.integrations.transformers import rms_norm_classes
 from fusedops.testing import assert_close, random_tensor, run_python
+from tests.hf_builders import loss_of, tiny_clip_vision_config, tiny_llama_config, tiny_t5_config
 
 transformers = pytest.importorskip("transformers")
 activations = pytest.importorskip("transformers.activations")
@@ -24,11 +25,7 @@ activations = pytest.importorskip("transformers.activations")
 ORIGINAL_QUICK_GELU = activations.QuickGELUActivation
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 def _fused(module_or_class) -> bool:
@@ -140,49 +137,24 @@ def test_listed_rms_norms_of_another_code_or_class_are_left_unpatched(monkeypatc
 
 
 def _tiny_clip_vision():
-    config = transformers.CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=16,
-        patch_size=8,
-    )
-    return transformers.CLIPVisionModel(config), {"pixel_values": random_tensor((2, 3, 16, 16))}
+    model = transformers.CLIPVisionModel(tiny_clip_vision_config())
+    return model, {"pixel_values": random_tensor((2, 3, 16, 16))}
 
 
 def _tiny_t5():
-    config = transformers.T5Config(
-        vocab_size=64,
-        d_model=32,
-        d_kv=8,
-        d_ff=48,
-        num_layers=1,
-        num_decoder_layers=1,
-        num_heads=2,
-        decoder_start_token_id=0,
-    )
     ids = torch.randint(1, 64, (2, 7))
-    return transformers.T5ForConditionalGeneration(config), {"input_ids": ids, "labels": ids}
+    model = transformers.T5ForConditionalGeneration(tiny_t5_config())
+    return model, {"input_ids": ids, "labels": ids}
 
 
 def _tiny_llama():
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
     ids = torch.randint(0, 64, (2, 7))
-    return transformers.LlamaForCausalLM(config), {"input_ids": ids, "labels": ids}
+    return transformers.LlamaForCausalLM(tiny_llama_config()), {"input_ids": ids, "labels": ids}
 
 
 def _output(model, inputs):
     torch.manual_seed(1)  # the same dropout masks in both models
-    out = model(**inputs)
-    return out.loss if getattr(out, "loss", None) is not None else out.pooler_output.sum()
+    return loss_of(model(**inputs))
 
 
 @pytest.mark.parametrize(
@@ -224,6 +196,7 @@ import json, math, sys
 import torch
 from fusedops import hooks
 from fusedops.testing import assert_close
+from tests.hf_builders import grads_of, loss_of
 
 def fused(m):
     return any("_fusedops_fused" in c.__dict__ for c in type(m).__mro__)
@@ -236,10 +209,9 @@ def kinds(model):
 
 def run(model, inputs):
     model.zero_grad()
-    out = model(**inputs)
-    loss = out.loss if getattr(out, "loss", None) is not None else out.pooler_output.sum()
+    loss = loss_of(model(**inputs))
     loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads_of(model)
 """
 
 
@@ -264,13 +236,10 @@ def test_hooks_enabled_before_import_fuse_clip_t5_llama_and_disable_restores(tmp
         from transformers.models.llama import modeling_llama
         from transformers.models.t5 import modeling_t5
 
+        from tests.hf_builders import tiny_clip_vision_config, tiny_llama_config, tiny_t5_config
+
         def builds():
-            c = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=48,
-                num_hidden_layers=2, num_attention_heads=2, image_size=16, patch_size=8)
-            t = transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=1,
-                num_decoder_layers=1, num_heads=2, decoder_start_token_id=0)
-            l = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
-                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+            c, t, l = tiny_clip_vision_config(), tiny_t5_config(), tiny_llama_config()
             g = torch.Generator().manual_seed(3)
             ids = torch.randint(1, 64, (2, 7), generator=g)
             pixels = torch.rand(2, 3, 16, 16, generator=g)
@@ -327,6 +296,7 @@ ALL_MODELS_STEP = """
 import fusedops.nn.layer_norm, fusedops.nn.quick_gelu
 import fusedops.integrations.transformers.rms_norm_variants as rms_norm_variants
 import transformers as T
+from tests.hf_builders import tiny_llama_config, tiny_t5_config
 
 g = torch.Generator().manual_seed(5)
 ids = torch.randint(1, 64, (2, 8), generator=g)
@@ -348,11 +318,8 @@ MODELS = {
                  num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=3), image),
     "gpt2": (T.GPT2LMHeadModel, T.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2,
              n_positions=16), text),
-    "t5": (T.T5ForConditionalGeneration, T.T5Config(vocab_size=64, d_model=32, d_kv=8,
-           d_ff=48, num_layers=1, num_decoder_layers=1, num_heads=2,
-           decoder_start_token_id=0), text),
-    "llama": (T.LlamaForCausalLM, T.LlamaConfig(vocab_size=64, hidden_size=32,
-              num_key_value_heads=1, **small), text),
+    "t5": (T.T5ForConditionalGeneration, tiny_t5_config(), text),
+    "llama": (T.LlamaForCausalLM, tiny_llama_config(num_hidden_layers=1), text),
 }
 
 # every call of a fused function, and every call of a norm / QuickGELU module

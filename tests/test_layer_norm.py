@@ -11,19 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import fusedops
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-    non_contiguous,
-    random_tensor,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor
+from tests.op_testing import BACKENDS, DEVICE, DTYPES, KERNEL_BACKENDS
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNEL_BACKENDS = kernel_backends_under_test()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 OPS = ["layer_norm", "rms_norm"]
 EPS = 1e-5
 

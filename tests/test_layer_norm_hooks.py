@@ -24,11 +24,7 @@ TORCH_LAYER_NORM = nn.LayerNorm
 TORCH_RMS_NORM = nn.RMSNorm
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 def _namespaces():

@@ -9,21 +9,12 @@ import torch
 
 import fusedops
 from fusedops.ops import nms as nms_ops
-from fusedops.testing import (
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-    non_contiguous,
-    run_python,
-    unit_roundoff,
-)
+from fusedops.testing import non_contiguous, run_python, unit_roundoff
+from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNELS = kernel_backends_under_test()
 METHODS = ["naive", "linear", "gaussian"]
 BOX_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -369,7 +360,7 @@ def test_check_gaussian_picks_allows_only_ambiguous_divergence():
         check_gaussian_picks(want[::-1], want, 0.01)
 
 
-@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_gaussian_soft_nms_kernels_against_reference(backend):
     """200 boxes, min_score 1e-3: picks decayed up to ~100 times, compared as
     check_gaussian_picks allows (one class, and three)."""
@@ -686,12 +677,12 @@ def test_cuda_equals_torchvision_on_10k_boxes():
     boxes, scores = _quantised_boxes(10_000, 0)
     for thr in (0.3, 0.5, 0.7):
         expected = torchvision.ops.nms(boxes, scores, thr)
-        for backend in KERNELS:
+        for backend in KERNEL_BACKENDS:
             assert torch.equal(fusedops.nms(boxes, scores, thr, backend=backend), expected)
     for classes in (1, 80):
         idxs = torch.randint(0, classes, (10_000,), device="cuda")
         expected = torchvision.ops.batched_nms(boxes, scores, idxs, 0.5)
-        for backend in KERNELS:
+        for backend in KERNEL_BACKENDS:
             keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
             assert torch.equal(keep, expected)
 
@@ -703,7 +694,7 @@ def test_cuda_kernels_equal_reference_on_large_inputs(n):
     idxs = torch.randint(0, 80, (n,), device="cuda")
     expected = fusedops.nms(boxes.cpu(), scores.cpu(), 0.5, backend="reference")
     expected_b = fusedops.batched_nms(boxes.cpu(), scores.cpu(), idxs.cpu(), 0.5)
-    for backend in KERNELS:
+    for backend in KERNEL_BACKENDS:
         assert torch.equal(fusedops.nms(boxes, scores, 0.5, backend=backend).cpu(), expected)
         keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
         assert torch.equal(keep.cpu(), expected_b)
@@ -728,7 +719,7 @@ def test_cuda_soft_nms_equals_reference(n, method):
         (fusedops.batched_soft_nms, (boxes, scores, idxs)),
     ):
         want_dets, want = run(*args, 0.3, 0.5, 0.01, method, backend="reference")
-        for backend in KERNELS:
+        for backend in KERNEL_BACKENDS:
             dets, inds = run(*args, 0.3, 0.5, 0.01, method, backend=backend)
             if method == "gaussian":
                 classes = args[2].tolist() if len(args) == 3 else None
@@ -743,7 +734,7 @@ def test_cuda_soft_nms_equals_reference(n, method):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_soft_nms_op_does_not_synchronise(backend):
     """soft_nms's one host synchronisation is reading count in the public function: the op
     itself (one class) runs without any (no host-to-device copy of its segment bounds)."""

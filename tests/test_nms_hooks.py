@@ -19,7 +19,10 @@ from fusedops import hooks
 from fusedops.integrations.mmcv import hooks as lib_mmcv
 from fusedops.testing import run_python, write_tree
 
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+pytestmark = [
+    pytest.mark.usefixtures("restore_hooks"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
 
 _LOOPS = """
 import numpy as np
@@ -175,13 +178,6 @@ def _python(code: str, tmp_path: Path, **env: str) -> str:
     done = run_python("-c", textwrap.dedent(code), cwd=tmp_path, path=(tmp_path,), env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
 
 
 _ENABLE_THEN_IMPORT = """

@@ -5,17 +5,9 @@ import torch
 
 import fusedops
 from fusedops.ops.quick_gelu import reference
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    non_contiguous,
-    random_tensor,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor
+from tests.op_testing import BACKENDS, DEVICE, DTYPES
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(1,), (1, 1), (7,), (3, 5, 7), (1025,), (2, 2049), (0,), (4, 0, 3)]
 
 

@@ -16,21 +16,12 @@ import torch
 import fusedops
 from fusedops.dispatch import triton_interpreter
 from fusedops.integrations.transformers import rms_norm_variants
-from fusedops.testing import (
-    TOLERANCES,
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-    random_tensor,
-)
+from fusedops.testing import TOLERANCES, assert_close, random_tensor
+from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 from tests.test_layer_norm import _force_looped
 
 pytest.importorskip("transformers")
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNEL_BACKENDS = kernel_backends_under_test()
 _M = "transformers.models."
 
 #: case -> (module, class, constructor kwargs, variant)

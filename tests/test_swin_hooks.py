@@ -12,17 +12,10 @@ import torch.nn.functional as F
 
 import fusedops
 from fusedops import hooks
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    random_tensor,
-    run_python,
-)
+from fusedops.testing import assert_close, random_tensor, run_python
+from tests.op_testing import BACKENDS, DEVICE
 
 transformers = pytest.importorskip("transformers")
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
 modeling_swin = pytest.importorskip("transformers.models.swin.modeling_swin")
 modeling_swinv2 = pytest.importorskip("transformers.models.swinv2.modeling_swinv2")
 
@@ -34,11 +27,7 @@ ORIGINALS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _restore_hooks():
-    yield
-    for name in hooks.available():
-        hooks.disable(name)
+pytestmark = pytest.mark.usefixtures("restore_hooks")
 
 
 @pytest.fixture(autouse=True)

@@ -9,19 +9,10 @@ import torch
 
 import fusedops
 from fusedops.nn import FusedSwinFmha
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    non_contiguous,
-    random_tensor,
-    run_on_side_stream,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor, run_on_side_stream
+from tests.op_testing import BACKENDS, DEVICE, DTYPES
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
 F32 = torch.float32
-DTYPES = [F32, torch.float16, torch.bfloat16]
 # (batch, windows per image nW, heads, N, mask): N from 1 to 256, Swin's -100 mask, -inf masks
 # with fully masked rows, no mask, batch 0.
 CASES = [

@@ -16,18 +16,9 @@ import torch
 
 import fusedops
 from fusedops.ops.window_attention import reference
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    kernel_backends_under_test,
-    non_contiguous,
-    random_tensor,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor
+from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-KERNEL_BACKENDS = kernel_backends_under_test()
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 GRAD_SCALE = 4.0
 

@@ -11,20 +11,13 @@ import pytest
 import torch
 
 import fusedops
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    random_tensor,
-    run_python,
-)
+from fusedops.testing import assert_close, random_tensor, run_python
+from tests.hf_builders import grads_of
+from tests.op_testing import BACKENDS, DEVICE
 
 transformers = pytest.importorskip("transformers")
 
 from fusedops.integrations import transformers as integration  # noqa: E402
-
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,7 +79,7 @@ def _logits_and_grads(model, pixels):
     model.zero_grad(set_to_none=True)
     logits = model(pixel_values=pixels).logits
     logits.square().sum().backward()
-    return logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return logits, grads_of(model)
 
 
 def _compare(model_class, config, shape, backend):

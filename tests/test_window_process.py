@@ -6,18 +6,9 @@ import torch
 
 import fusedops
 from fusedops.nn import WindowProcess, WindowProcessReverse
-from fusedops.testing import (
-    assert_close,
-    backends_under_test,
-    device_under_test,
-    non_contiguous,
-    random_tensor,
-    run_on_side_stream,
-)
+from fusedops.testing import assert_close, non_contiguous, random_tensor, run_on_side_stream
+from tests.op_testing import BACKENDS, DEVICE, DTYPES
 
-DEVICE = device_under_test()
-BACKENDS = backends_under_test()
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (B, H, W, C, window_size, shift): H != W, shift 0 / 3 / -3 / larger than the window and than
 # H, window as a pair, batch 1 and 0, C = 1 and 0.
 CASES = [

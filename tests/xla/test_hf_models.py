@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fusedops.testing import assert_close, device_under_test, run_python
+from tests.hf_builders import grads_of
 from tests.xla.traced import no_cpu_tune  # noqa: F401
 
 pytest.importorskip("jax")
@@ -128,10 +129,6 @@ def _build(name: str, attn: str = "sdpa", fused: bool = True):
     return (_fused(model) if fused else model), plain, inputs
 
 
-def _grads(model):
-    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 def _compare_grads(got, want, scale=8.0):
     assert got.keys() == want.keys() and got
     for name, g in want.items():
@@ -168,7 +165,7 @@ def test_partial_trace_one_program_per_direction(name, attn):
     assert loss_fn.stats.programs == 2 and not loss_fn.stats.eager_ops, loss_fn.stats
     assert loss.device.type == DEVICE.type
     assert_close(loss, expected, scale=LOSS_SCALE, msg="loss")
-    _compare_grads(_grads(model), _grads(plain), scale=GRAD_SCALE)
+    _compare_grads(grads_of(model), grads_of(plain), scale=GRAD_SCALE)
 
 
 def _train(model, inputs, steps: int, traced: bool):

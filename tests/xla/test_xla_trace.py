@@ -16,21 +16,18 @@ from tests.xla import models
 pytest.importorskip("jax")
 
 
-@xla_trace
-def train_step(data, label, *, net, opt):
-    loss = F.cross_entropy(net(data), label)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
-
-
 def _eager_step(data, label, *, net, opt):
     loss = F.cross_entropy(net(data), label)
     loss.backward()
     opt.step()
     opt.zero_grad()
     return loss
+
+
+@xla_trace
+def train_step(data, label, *, net, opt):
+    """``_eager_step`` traced through the decorator form."""
+    return _eager_step(data, label, net=net, opt=opt)
 
 
 def _net():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -15,6 +17,14 @@ import fusedops  # noqa: E402
 from fusedops.testing import random_tensor  # noqa: E402
 
 DEVICE = torch.device("cpu")  # the stub replaces the Triton interpreter, a CPU-only path
+
+# The stub works on interpreted kernels: on a GPU machine (no TRITON_INTERPRET, tests/conftest.py
+# sets it only where CUDA is absent) the kernels are compiled ones and the CPU table cannot be
+# made; there `benchmarks/overhead.py` measures the real launches instead.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the launch stub needs the Triton interpreter (TRITON_INTERPRET=1, CPU-only runs)",
+)
 
 
 def test_stub_launches_nothing_and_is_undone():

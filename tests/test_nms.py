@@ -789,9 +789,10 @@ def test_triton_kernels_compile_for_sm80_and_sm90():
 
 
 def test_native_nms_runs_torchvisions_op_where_installed(monkeypatch):
-    """The automatic pick on CPU (native) calls torchvision's compiled op where torchvision
-    loads, once for nms and once per class for batched_nms, with the op's semantics (kept
-    indices by decreasing score); a stand-in op (our reference) plays torchvision here."""
+    """The native backend (the automatic pick on CPU, forced on a GPU, where the pick is a
+    kernel) calls torchvision's compiled op where torchvision loads, once for nms and once per
+    class for batched_nms, with the op's semantics (kept indices by decreasing score); a
+    stand-in op (our reference) plays torchvision here."""
     from fusedops.ops import nms as nms_ops
 
     calls = []
@@ -816,16 +817,17 @@ def test_native_nms_runs_torchvisions_op_where_installed(monkeypatch):
     monkeypatch.setattr(nms_ops, "torchvision_nms", lambda: stand_in)
     boxes, scores = random_boxes(300, "some", torch.float32, DEVICE)
     labels = torch.randint(0, 4, (300,), device=DEVICE)
-    got = fusedops.nms(boxes, scores, 0.5)
+    native = None if DEVICE.type == "cpu" else "native"  # None: the automatic pick
+    got = fusedops.nms(boxes, scores, 0.5, backend=native)
     assert fusedops.dispatch.last_used["nms"] == "native" and calls == [300]
     assert torch.equal(got, fusedops.nms(boxes, scores, 0.5, backend="reference"))
     calls.clear()
-    got = fusedops.batched_nms(boxes, scores, labels, 0.5)
+    got = fusedops.batched_nms(boxes, scores, labels, 0.5, backend=native)
     assert sorted(calls) == sorted(torch.bincount(labels).tolist())
     assert torch.equal(got, fusedops.batched_nms(boxes, scores, labels, 0.5, backend="reference"))
     with pytest.raises(ValueError, match="NaN"):
-        fusedops.nms(boxes, torch.where(scores > 0.9, float("nan"), scores), 0.5)
+        fusedops.nms(boxes, torch.where(scores > 0.9, float("nan"), scores), 0.5, backend=native)
     calls.clear()  # other dtypes and forced backends take the custom op
-    fusedops.nms(boxes.half(), scores.half(), 0.5)
+    fusedops.nms(boxes.half(), scores.half(), 0.5, backend=native)
     fusedops.nms(boxes, scores, 0.5, backend="reference")
     assert calls == []

@@ -88,9 +88,21 @@ def test_every_listed_class_has_its_variants_forward():
     assert len(listed) == sum(len(n.split()) for n in lib_transformers.RMS_NORM_CLASSES.values())
     present = {name: variant for name, variant in listed.items() if name in FOUND}
     wrong = {n: v for n, v in present.items() if FOUND[n].strip() not in patterns[v]}
-    assert not wrong, f"listed classes whose forward is not their variant's: {wrong}"
     if _version().startswith(CHECKED_VERSION):
+        assert not wrong, f"listed classes whose forward is not their variant's: {wrong}"
         assert set(present) == set(listed), f"missing: {set(listed) - set(present)}"
+        return
+    # Another version may change a listed class's forward (the H200's transformers changed
+    # DeepseekV4RMSNorm and NemotronHRMSNorm): the hooks must then leave it alone, which their
+    # guard (rms_norm_code_mismatch, compared with the class's compiled code) ensures.
+    for name, variant in wrong.items():
+        package, module, cls = name.split(".")
+        original = getattr(importlib.import_module(f"transformers.models.{package}.{module}"), cls)
+        assert lib_transformers.rms_norm_code_mismatch(original, variant) is not None, name
+    if wrong:
+        warnings.warn(
+            f"transformers {_version()}: not fused (forward changed): {wrong}", stacklevel=1
+        )
 
 
 def test_every_rms_norm_like_class_is_listed_or_excluded():

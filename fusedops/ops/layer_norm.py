@@ -144,11 +144,12 @@ def _up(t):
 
 def _torch_takes_as_is(x, *params) -> bool:
     """True where torch's LayerNorm takes x and the parameters as they are (the parameters in
-    x's dtype, or float32 beside 16-bit x). The eager native path then runs exactly the op it
-    replaces, with the rounding of torch's kernel: on CPU, 16-bit statistics and per-term
-    16-bit rounding of dweight/dbias (within a few units of the 16-bit roundoff of
-    ``sum_rows |dy * xhat|``)."""
-    mixed = x.dtype in (torch.float16, torch.bfloat16)
+    x's dtype, or on the CPU float32 beside 16-bit x: torch's CUDA kernel refuses that mix,
+    "expected scalar type Half but found Float", H200 run of 2026-11-26). The eager native
+    path then runs exactly the op it replaces, with the rounding of torch's kernel: on CPU,
+    16-bit statistics and per-term 16-bit rounding of dweight/dbias (within a few units of the
+    16-bit roundoff of ``sum_rows |dy * xhat|``)."""
+    mixed = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
     return all(
         p is None or p.dtype == x.dtype or (mixed and p.dtype == torch.float32) for p in params
     )
@@ -382,7 +383,9 @@ def _layer_norm_eager(x, weight, bias, eps, backend, shape):
     chosen = dispatch.pick("layer_norm", x, backend=backend)
     if chosen == "native" and n > 1:
         if _torch_takes_as_is(x, weight, bias):
-            return torch.layer_norm(x, shape, weight, bias, eps)
+            # to(x.dtype): under CUDA autocast torch's layer_norm returns float32; the op's
+            # output keeps x's dtype on every backend (a no-op elsewhere)
+            return torch.layer_norm(x, shape, weight, bias, eps).to(x.dtype)
         return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
     cuda = _cuda_extension(chosen, "layer_norm", x, weight, bias, n)
     return None if cuda is None else cuda.norm_with_autograd(x, weight, bias, n, eps, False)

@@ -482,8 +482,9 @@ def nms_launches(dtype: torch.dtype) -> list[Launch]:
         shape = f"{n} boxes"
         rows.append(Launch("nms", nms._mask_kernel, dtype, shape, dict(BATCHED=False),
                            types=types, options=exact, ideal=ideal))  # fmt: skip
-        rows.append(Launch("nms", nms._walk_kernel, dtype, shape,
-                           dict(BATCHED=False, COLUMNS=nms.WALK_COLUMNS), types=types))  # fmt: skip
+        walk = dict(BATCHED=False, COLUMNS=nms.WALK_COLUMNS, SCAN=nms.WALK_SCAN)
+        rows.append(Launch("nms", nms._walk_kernel, dtype, shape, walk,
+                           num_warps=nms.WALK_WARPS, types=types))  # fmt: skip
         block = min(nms.SOFT_BLOCK, triton.next_power_of_2(n))
         rows.append(Launch("soft_nms", nms._soft_nms_kernel, dtype, shape,
                            dict(METHOD=2, BLOCK=block), types=types, options=exact,

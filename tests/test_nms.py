@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import fusedops
+from fusedops import dispatch
 from fusedops.ops import nms as nms_ops
+from fusedops.ops import nms_reference
 from fusedops.testing import non_contiguous, run_python, unit_roundoff
 from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 
@@ -203,6 +205,47 @@ def test_backends_equal_brute_force(backend, n):
     idxs = torch.randint(0, 4, (n,), device=DEVICE)
     keep = fusedops.batched_nms(boxes, scores, idxs, 0.5, backend=backend)
     assert keep.tolist() == oracle_nms(boxes, scores, 0.5, idxs)
+
+
+def chain_boxes(n, device=DEVICE):
+    """(boxes, scores) of n boxes 10 wide on a line, box k at x = k: IoU 9/11 with the next box
+    and 8/12 with the one after, so at threshold 0.75 each box can only suppress its neighbours
+    and the greedy picks depend on the whole chain before them (64 rounds of the walk's fixed
+    point per block). Scores fall along the chain in steps shared by pairs of boxes (ties) and
+    the indices are a random permutation of the chain (ties are broken by index)."""
+    g = torch.Generator().manual_seed(int(torch.randint(2**31, (1,))))
+    x = torch.arange(n, dtype=torch.float32)
+    boxes = torch.stack((x, torch.zeros(n), x + 10, torch.ones(n)), 1)
+    scores = 1 - (torch.arange(n) // 2).float() / n
+    perm = torch.randperm(n, generator=g)
+    return boxes[perm].to(device), scores[perm].to(device)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_suppression_chains_and_ties_across_blocks(backend):
+    """Greedy picks that depend on a chain through every box, over blocks of 64 and a last
+    partial block (the walk resolves a block's boxes as a fixed point), with equal scores."""
+    boxes, scores = chain_boxes(150)
+    assert fusedops.nms(boxes, scores, 0.75, backend=backend).tolist() == oracle_nms(
+        boxes, scores, 0.75
+    )
+    idxs = (torch.arange(150, device=DEVICE) * 7 % 3).to(torch.int64)
+    keep = fusedops.batched_nms(boxes, scores, idxs, 0.75, backend=backend)
+    assert keep.tolist() == oracle_nms(boxes, scores, 0.75, idxs)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_kernel_walk_equals_reference_walk(backend):
+    """The kernels' nms_walk (positions and count, sentinels included) against the
+    reference's on boxes in processing order: 200 boxes (a partial last block), heavy
+    overlap, one class and classes whose runs straddle block boundaries."""
+    boxes, _ = random_boxes(200, "heavy")
+    impl = dispatch.select("nms", boxes, backend=backend)
+    classes = torch.sort(torch.randint(0, 5, (200,), device=DEVICE)).values
+    for classes_p, offset in ((None, 0), (classes, 1)):
+        got = impl.nms_walk(boxes, classes_p, 0.4, offset)
+        want = nms_reference.nms_walk(boxes, classes_p, 0.4, offset)
+        assert torch.equal(got[0], want[0]) and int(got[1]) == int(want[1])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -761,7 +804,8 @@ types.update(dict.fromkeys(("iou_threshold", "offset", "sigma", "min_score"), "f
 types.update(dict.fromkeys(("scores_ptr", "work_ptr", "picked_ptr"), "*fp32"))
 cases = [
     (kernels._mask_kernel, "*bf16", {"BATCHED": True}),
-    (kernels._walk_kernel, None, {"BATCHED": True, "COLUMNS": 128}),
+    (kernels._walk_kernel, None, {"BATCHED": True, "COLUMNS": kernels.WALK_COLUMNS,
+                                  "SCAN": kernels.WALK_SCAN}),
     (kernels._soft_nms_kernel, "*fp16", {"METHOD": 2, "BLOCK": 1024}),
 ]
 for arch in (80, 90):
@@ -774,7 +818,10 @@ for arch in (80, 90):
         }
         source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
         target = GPUTarget("cuda", arch, 32)
-        compiled = triton.compile(source, target=target, options={"enable_fp_fusion": False})
+        options = {"enable_fp_fusion": False}
+        if kernel is kernels._walk_kernel:
+            options["num_warps"] = kernels.WALK_WARPS
+        compiled = triton.compile(source, target=target, options=options)
         assert "cubin" in compiled.asm
 print("compiled")
 """
@@ -793,8 +840,6 @@ def test_native_nms_runs_torchvisions_op_where_installed(monkeypatch):
     kernel) calls torchvision's compiled op where torchvision loads, once for nms and once per
     class for batched_nms, with the op's semantics (kept indices by decreasing score); a
     stand-in op (our reference) plays torchvision here."""
-    from fusedops.ops import nms as nms_ops
-
     calls = []
 
     def stand_in(boxes, scores, iou_threshold):  # torchvision's greedy NMS, plainly

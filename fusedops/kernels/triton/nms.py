@@ -4,10 +4,15 @@ outputs are documented in ``fusedops.ops.nms_reference``).
 nms: ``_mask_kernel`` (one program per 64x64 tile of boxes, upper triangle only; with classes,
 only tiles where the row block's and column block's classes meet) writes, for every box i, the
 64-bit words whose bit j says IoU(i, j) > threshold for a later box j of its class. One program
-(``_walk_kernel``) then walks the boxes in order, a 64-box block at a time, holding the block's
-removed word: each box not yet removed is kept and its row is OR-ed into the removed words
-(of its own block and of the columns after it, up to the end of its class). No host round
-trip.
+(``_walk_kernel``, 8 warps) then walks the 64-box blocks in order with a bitset of removed
+boxes (one word per block, in a global workspace the program alone touches): it scans 128
+removed words at once for the next block holding a box not yet removed (blocks whose boxes are
+all removed cost nothing more), resolves that block's boxes in parallel as a fixed point over
+its 64 diagonal words (``_resolve``), writes the kept positions with a prefix sum, and OR-s the
+kept rows into the removed words of the later columns (up to the end of the block's classes)
+as 64 x 128 tiles, loading only kept rows' words; one barrier per block holding a kept box.
+No host round trip. The old walk stepped through every box serially and, per kept box,
+read-modified-wrote every later removed word in 128-word chunks, one after another.
 
 soft-NMS: one program per class segment (one launch for all classes). Each step is one pass
 over the segment: decay every live score by the previous pick, drop those below min_score, and
@@ -31,8 +36,12 @@ from fusedops.kernels.shared.nms_plan import block_column_end, nms_walk_buffers,
 
 #: Boxes per bitmask word (and per row/column block of the mask).
 WORD = 64
-#: Column words OR-ed at once by the walk; boxes per chunk of a soft-NMS pass (at most).
+#: The walk: column words OR-ed at once (a 64 x WALK_COLUMNS tile of kept rows), removed
+#: words scanned at once for the next open block, warps of its one program.
 WALK_COLUMNS = 128
+WALK_SCAN = 128
+WALK_WARPS = 8
+#: Boxes per chunk of a soft-NMS pass (at most).
 SOFT_BLOCK = 1024
 
 
@@ -101,6 +110,34 @@ def _mask_kernel(
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _block_bits(block, n, lane):
+    """(64,) bool: which of 64-box block ``block``'s boxes exist (position < n)."""
+    return block * 64 + lane < n
+
+
+@triton.jit
+def _resolve(alive, diagonal, bit):
+    """The greedy picks among a block's ``alive`` boxes (a 64-bit word): bit i is kept when no
+    kept j < i of the block has bit i in its ``diagonal`` word (the (64,) row words of the
+    block's own column). Jacobi fixed point of kept = alive & ~OR(kept rows): row j only holds
+    bits > j, so after t rounds bits 0..t-1 are final, at most 64 rounds, usually a few, each
+    one OR-reduction over the 64 rows; a fixed point is the greedy result."""
+    kept = alive
+    changed = alive != 0
+    while changed:
+        suppressed = tl.reduce(tl.where((kept & bit) != 0, diagonal, 0), 0, _or)
+        update = alive & ~suppressed
+        changed = update != kept
+        kept = update
+    return kept
+
+
+@triton.jit
 def _walk_kernel(
     mask_ptr,
     col_end_ptr,
@@ -111,36 +148,59 @@ def _walk_kernel(
     col_blocks,
     BATCHED: tl.constexpr,
     COLUMNS: tl.constexpr,
+    SCAN: tl.constexpr,
 ):
+    lane = tl.arange(0, 64)
+    bit = tl.full([64], 1, tl.int64) << lane.to(tl.int64)
     column = tl.arange(0, COLUMNS)
-    for first in range(0, col_blocks, COLUMNS):
-        words = first + column
-        tl.store(removed_ptr + words, tl.zeros([COLUMNS], tl.int64), mask=words < col_blocks)
+    scan = tl.arange(0, SCAN)
+    for first in range(0, col_blocks, SCAN):
+        words = first + scan
+        tl.store(removed_ptr + words, tl.zeros([SCAN], tl.int64), mask=words < col_blocks)
     tl.debug_barrier()
     count = tl.zeros([], tl.int64)
-    for block in range(0, col_blocks):
-        row0 = tl.full([], 64, tl.int64) * block
-        end = tl.zeros([], tl.int64) + col_blocks
-        if BATCHED:
-            end = tl.load(col_end_ptr + block)
-        removed = tl.load(removed_ptr + block)
-        for j in range(0, tl.minimum(n - row0, 64)):
-            i = tl.zeros([], tl.int64) + j
-            if ((removed >> i) & 1) == 0:  # box row0 + i is kept: remove what it overlaps
-                tl.store(positions_ptr + count, row0 + i)
-                count += 1
-                row = mask_ptr + (row0 + i) * col_blocks
-                removed |= tl.load(row + block)
-                for c0 in range(row0 // 64 + 1, end, COLUMNS):  # int64 bounds
-                    cols = c0 + column
-                    inside = cols < end
-                    old = tl.load(removed_ptr + cols, mask=inside, other=0)
-                    hit = tl.load(row + cols, mask=inside, other=0)
-                    tl.store(removed_ptr + cols, old | hit, mask=inside)
-        tl.debug_barrier()
-    for p0 in range(0, n, COLUMNS):
-        p = p0 + column
-        tl.store(positions_ptr + p, tl.zeros([COLUMNS], tl.int64) + n, mask=(p >= count) & (p < n))
+    block = tl.zeros([], tl.int64)
+    while block < col_blocks:
+        # the next block holding a box not yet removed, among the SCAN blocks from `block`
+        blocks = block + scan
+        inside = blocks < col_blocks
+        left = tl.minimum(tl.maximum(n - blocks * 64, 0), 64)
+        valid = tl.where(left >= 64, -1, (tl.full([SCAN], 1, tl.int64) << tl.minimum(left, 63)) - 1)
+        gone = tl.load(removed_ptr + blocks, mask=inside, other=0)
+        open_bits = tl.where(inside, valid & ~gone, 0)
+        found = tl.min(tl.where(open_bits != 0, blocks, block + SCAN), 0)
+        if found < block + SCAN:
+            alive = tl.sum(tl.where(blocks == found, open_bits, 0), 0)
+            row0 = found * 64
+            rows = row0 + lane
+            live = (alive & bit) != 0
+            diagonal = tl.load(mask_ptr + rows * col_blocks + found, mask=live, other=0)
+            kept = _resolve(alive, diagonal, bit)
+            keep = (kept & bit) != 0
+            taken = keep.to(tl.int64)
+            tl.store(positions_ptr + count + tl.cumsum(taken, 0) - taken, rows, mask=keep)
+            count += tl.sum(taken, 0)
+            end = tl.zeros([], tl.int64) + col_blocks
+            if BATCHED:
+                end = tl.load(col_end_ptr + found)
+            # push: OR the kept rows into the removed words of the later columns
+            for c0 in range(found + 1, end, COLUMNS):
+                cols = c0 + column
+                within = cols < end
+                hits = tl.load(
+                    mask_ptr + rows[:, None] * col_blocks + cols[None, :],
+                    mask=keep[:, None] & within[None, :],
+                    other=0,
+                )
+                old = tl.load(removed_ptr + cols, mask=within, other=0)
+                tl.store(removed_ptr + cols, old | tl.reduce(hits, 0, _or), mask=within)
+            tl.debug_barrier()
+            block = found + 1
+        else:
+            block = block + SCAN
+    for p0 in range(0, n, SCAN * 8):
+        p = p0 + tl.arange(0, SCAN * 8)
+        tl.store(positions_ptr + p, tl.zeros([SCAN * 8], tl.int64) + n, mask=(p >= count) & (p < n))
     tl.store(count_ptr, count)
 
 
@@ -163,7 +223,7 @@ def nms_walk(boxes_p: torch.Tensor, classes_p: torch.Tensor | None, iou_threshol
     removed = _alloc.empty((col_blocks,), dtype=torch.int64, device=device)
     _walk_kernel[(1,)](
         mask, col_end, removed, positions, count, n, col_blocks,
-        BATCHED=batched, COLUMNS=WALK_COLUMNS,
+        BATCHED=batched, COLUMNS=WALK_COLUMNS, SCAN=WALK_SCAN, num_warps=WALK_WARPS,
     )  # fmt: skip
     return positions, count
 

@@ -3,14 +3,18 @@ backend available, forward and the five gradients (input, offset, mask, weight, 
 
 The oracle is a plain loop over (image, offset group, kernel point, output pixel) sampling one
 group's channels bilinearly with torchvision's corner rules; its gradients come from autograd
-through that loop (``floor`` contributes nothing, so d/dy of the fraction is 1). Shapes are tiny:
-Triton runs under the CPU interpreter here. Tolerances: ``fusedops.testing``'s per-dtype table
-scaled by the number of terms each result sums.
+through that loop (``floor`` contributes nothing, so d/dy of the fraction is 1), so a sample at
+exactly y = -1 or x = -1, outside like every sample the forward reads as 0, has offset gradient
+0 (torchvision's kernels give the one-sided derivative into the image there, pytorch/vision#6885:
+native corrects it, the border tests check it). Shapes are tiny: Triton runs under the CPU
+interpreter here. Tolerances: ``fusedops.testing``'s per-dtype table scaled by the number of
+terms each result sums.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import math
 import shutil
 import subprocess
@@ -30,7 +34,7 @@ from fusedops.testing import (
 )
 from tests.op_testing import DEVICE, KERNEL_BACKENDS
 
-BACKENDS = [*backends_under_test(), "native"]
+BACKENDS = backends_under_test()
 F64, F32, F16, BF16 = torch.float64, torch.float32, torch.float16, torch.bfloat16
 
 
@@ -201,8 +205,12 @@ PAIRS = [
 @pytest.mark.parametrize(("case", "backend"), PAIRS)
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_matches_oracle(case, backend, deterministic):
+    _check_against_oracle(case, *_inputs(case), backend, deterministic)
+
+
+def _check_against_oracle(case, tensors, geometry, backend, deterministic):
+    """Forward and the five gradients of ``backend`` on ``tensors`` against the oracle."""
     dtype = case[-1]
-    tensors, geometry = _inputs(case)
     with poisoned_outputs():
         out, leaves = _run(tensors, geometry, backend, deterministic)
         dout = random_tensor(out.shape, dtype, DEVICE, low=-1.0, high=1.0)
@@ -248,6 +256,111 @@ def test_deterministic_input_gradient_is_bitwise_repeatable(backend):
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
     assert torch.equal(leaves["input"].grad, grads[0])
+
+
+def _sample_coordinates(case, offset):
+    """The test's own (y, x) of every sample, each (B, G, K, H_out, W_out) float64."""
+    b, cin, h, w, cout, (kh, kw), s, p, d, g, *_ = case
+    (sh, sw), (ph, pw), (dh, dw) = _pair(s), _pair(p), _pair(d)
+    h_out, w_out = offset.shape[2:]
+    off = offset.detach().double().reshape(b, g, kh * kw, 2, h_out, w_out)
+    dev = offset.device
+    i = torch.arange(kh, device=dev).repeat_interleave(kw)  # kernel point k = i * kw + j
+    j = torch.arange(kw, device=dev).repeat(kh)
+    oy = torch.arange(h_out, device=dev)
+    ox = torch.arange(w_out, device=dev)
+    base_y = (oy[None, :, None] * sh - ph + i[:, None, None] * dh).double()  # (K, H_out, 1)
+    base_x = (ox[None, None, :] * sw - pw + j[:, None, None] * dw).double()  # (K, 1, W_out)
+    return base_y + off[:, :, :, 0], base_x + off[:, :, :, 1]
+
+
+#: cases for _border_inputs
+BORDER_CASES = [
+    (2, 4, 4, 5, 3, (3, 3), 1, 1, 1, 2, 1, True, True, 2.0, F32),
+    (1, 2, 5, 4, 2, (2, 3), 1, (0, 1), 1, 1, 1, False, False, 2.0, F64),
+]
+
+
+def _border_inputs(case):
+    """``_inputs`` with integer offsets in [-2, 2]: many samples exactly on -1, 0, H - 1 and H
+    (and so for x), at least one at y = -1 and one at x = -1 with the other coordinate inside."""
+    tensors, geometry = _inputs(case)
+    offset = tensors["offset"]
+    tensors["offset"] = torch.randint(-2, 3, offset.shape, device=offset.device).to(offset.dtype)
+    y, x = _sample_coordinates(case, tensors["offset"])
+    h, w = case[2], case[3]
+    assert ((y == -1) & (x > -1) & (x < w)).any() and ((x == -1) & (y > -1) & (y < h)).any()
+    return tensors, geometry
+
+
+@pytest.mark.parametrize(
+    ("case", "backend"),
+    [
+        pytest.param(case, backend, id=f"{_case_id(case)}-{backend}")
+        for case in BORDER_CASES
+        for backend in BACKENDS
+        if case[-1] != F64 or backend not in KERNEL_BACKENDS
+    ],
+)
+def test_offset_gradient_of_samples_on_the_border(case, backend):
+    """A sample at exactly y = -1 or x = -1 is outside (the forward reads 0 there), so its offset
+    gradient is 0 on every backend, as the oracle's; torchvision's kernels give the one-sided
+    derivative into the image there (native must not). Samples at 0, H - 1, H likewise."""
+    _check_against_oracle(case, *_border_inputs(case), backend, None)
+
+
+class _TorchvisionStandIn(torch.autograd.Function):
+    """``torch.ops.torchvision.deform_conv2d``'s signature over the reference, with a backward
+    whose offset gradient is junk (nonzero) for every sample outside the image: native must
+    keep torchvision's gradients inside and give the op's 0 outside."""
+
+    backward_calls = 0
+
+    @staticmethod
+    def forward(ctx, input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, wg, g, use_mask):
+        impl = importlib.import_module("fusedops.ops.deform_conv2d").reference
+        geometry = ((sh, sw), (ph, pw), (dh, dw))
+        ctx.save_for_backward(input, weight, offset, mask, bias)
+        ctx.geometry, ctx.use_mask = geometry, use_mask
+        return impl.forward(input, offset, mask if use_mask else None, weight, bias, *geometry)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _TorchvisionStandIn.backward_calls += 1
+        impl = importlib.import_module("fusedops.ops.deform_conv2d").reference
+        input, weight, offset, mask, bias = ctx.saved_tensors
+        m = mask if ctx.use_mask else None
+        gi, go, gm, gw, gb = impl.backward(
+            grad, input, offset, m, weight, bias, *ctx.geometry, False
+        )
+        b, _, h, w = input.shape
+        kh, kw = weight.shape[2:]
+        groups = offset.shape[1] // (2 * kh * kw)
+        case = (b, input.shape[1], h, w, 0, (kh, kw), *ctx.geometry, groups)
+        y, x = _sample_coordinates(case, offset)
+        outside = ~((y > -1) & (y < h) & (x > -1) & (x < w))
+        junk = random_tensor(go.shape, go.dtype, go.device, low=0.5, high=1.0)
+        junk = junk.view(*outside.shape[:3], 2, *outside.shape[3:]) * outside[:, :, :, None]
+        gm = gm if ctx.use_mask else torch.zeros_like(mask)
+        return (gi, gw, go + junk.view(go.shape), gm, gb, *[None] * 9)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("repeatable", [True, False], ids=["cpu-like", "cuda-like"])
+def test_native_takes_torchvision_but_the_border_rule_and_determinism(
+    monkeypatch, deterministic, repeatable
+):
+    """Native through torchvision's op (a stand-in here; the real one where torchvision loads):
+    its offset gradient is the op's (0 for samples outside), and a deterministic backward on a
+    device where torchvision's scatters with atomics ("cuda-like") runs the reference's."""
+    module = importlib.import_module("fusedops.ops.deform_conv2d")
+    monkeypatch.setattr(module, "_torchvision_op", lambda: _TorchvisionStandIn.apply)
+    monkeypatch.setattr(module, "_torchvision_backward_repeatable", lambda device: repeatable)
+    monkeypatch.setattr(_TorchvisionStandIn, "backward_calls", 0)
+    for case in BORDER_CASES:
+        _check_against_oracle(case, *_border_inputs(case), "native", deterministic)
+    took_torchvision = repeatable or not deterministic
+    assert _TorchvisionStandIn.backward_calls == (len(BORDER_CASES) if took_torchvision else 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -442,12 +555,18 @@ def _host_kernels(library, wide):
 
 @pytest.mark.parametrize("wide", [False, True], ids=["fast-divider", "wide-divider"])
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("case", [c for c in CASES if c[-1] == F32], ids=_case_id)
-def test_cuda_kernels_as_host_code_match_the_oracle(host_cuda_library, case, deterministic, wide):
+@pytest.mark.parametrize(
+    ("case", "make_inputs"),
+    [pytest.param(c, _inputs, id=_case_id(c)) for c in CASES if c[-1] == F32]
+    + [pytest.param(c, _border_inputs, id=f"border-{_case_id(c)}") for c in BORDER_CASES[:1]],
+)
+def test_cuda_kernels_as_host_code_match_the_oracle(
+    host_cuda_library, case, make_inputs, deterministic, wide
+):
     from fusedops.kernels import deform_conv2d_host as host
 
     forward, backward = host.entry_points(*_host_kernels(host_cuda_library, wide))
-    tensors, geometry = _inputs(case)
+    tensors, geometry = make_inputs(case)
     tensors = {k: None if v is None else v.cpu() for k, v in tensors.items()}
     names = ("input", "offset", "mask", "weight", "bias")
     args = [tensors[k] for k in names] + [geometry[k] for k in ("stride", "padding", "dilation")]

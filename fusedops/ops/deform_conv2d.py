@@ -51,10 +51,9 @@ def output_size(h, w, kh, kw, stride, padding, dilation) -> tuple[int, int]:
     return h_out, w_out
 
 
-def _corners(input_shape, offset, kh, kw, stride, padding, dilation, c):
-    """The bilinear corners of every sample: a list of four (flat index into H*W, weight,
-    (dweight/dy, dweight/dx)) with shapes ``(B, G, K, L)``; a corner outside the image, or a
-    sample outside ``(-1, H) x (-1, W)``, has weight 0 (its index clamped into the image)."""
+def _sample_points(input_shape, offset, kh, kw, stride, padding, dilation, c):
+    """Every sample's coordinates ``y``, ``x`` in dtype ``c`` and whether it lies inside
+    ``(-1, H) x (-1, W)`` (the samples outside read 0), each ``(B, G, K, L)``."""
     b, g2k, h_out, w_out = offset.shape
     h, w = input_shape[2:]
     k = kh * kw
@@ -70,7 +69,15 @@ def _corners(input_shape, offset, kh, kw, stride, padding, dilation, c):
     base_x = base_x[None, :, None, :].expand(kh, kw, 1, w_out).reshape(k, 1, w_out)
     y = (base_y.to(c) + off[:, :, :, 0]).flatten(-2)  # (B, G, K, L)
     x = (base_x.to(c) + off[:, :, :, 1]).flatten(-2)
-    inside = (y > -1) & (y < h) & (x > -1) & (x < w)
+    return y, x, (y > -1) & (y < h) & (x > -1) & (x < w)
+
+
+def _corners(input_shape, offset, kh, kw, stride, padding, dilation, c):
+    """The bilinear corners of every sample: a list of four (flat index into H*W, weight,
+    (dweight/dy, dweight/dx)) with shapes ``(B, G, K, L)``; a corner outside the image, or a
+    sample outside ``(-1, H) x (-1, W)``, has weight 0 (its index clamped into the image)."""
+    h, w = input_shape[2:]
+    y, x, inside = _sample_points(input_shape, offset, kh, kw, stride, padding, dilation, c)
     y0, x0 = torch.floor(y), torch.floor(x)
     ly, lx = y - y0, x - x0
     hy, hx = 1 - ly, 1 - lx
@@ -160,7 +167,7 @@ def _ref_backward(
         dy = dy + values * dwy
         dx = dx + values * dwx
         target = (base + index[:, :, None]).expand_as(grad_cols)
-        # index_put_ with accumulate honours torch's deterministic-algorithms flag on CUDA
+        # index_put_ with accumulate: a sorted scatter on CUDA (the same bits every run)
         grad_flat.index_put_((target.reshape(-1),), (grad_cols * wt[:, :, None]).reshape(-1), True)
     grad_offset = torch.stack((dy, dx), dim=3).reshape(offset.shape).to(offset.dtype)
     grad_input = grad_flat.reshape(input.shape).to(input.dtype)
@@ -174,6 +181,15 @@ reference = SimpleNamespace(forward=_ref_forward, backward=_ref_backward)
 # else the reference. Called as ``torch.ops.torchvision.deform_conv2d`` so that the "dcn" hook,
 # which replaces ``torchvision.ops.deform_conv2d`` by fusedops', never loops back here. 16-bit
 # inputs run in fp32: torchvision's kernels take float, double and, on CUDA, half only.
+# Two places where torchvision's backward is not this op's:
+# - its offset gradient (CPU and CUDA kernels alike: get_coordinate_weight) lacks the forward's
+#   "outside (-1, H) x (-1, W) reads 0" test, so a sample at exactly y = -1 (x = -1) gets the
+#   one-sided derivative into the image instead of 0 (pytorch/vision#6885, still open; DCN's
+#   original kernels and mmcv's return 0 there). Native keeps torchvision's offset gradient
+#   inside and zeroes it outside, which is exactly the reference's.
+# - on CUDA it scatters the input gradient with atomicAdd, so a deterministic backward there
+#   runs the reference's (index_put_ with accumulate: a sorted scatter on CUDA, the same bits
+#   every run); its CPU kernel loops in a fixed order.
 
 
 @functools.cache
@@ -213,11 +229,29 @@ def _native_forward(input, offset, mask, weight, bias, stride, padding, dilation
     return _torchvision_forward(op, *args, stride, padding, dilation).to(input.dtype)
 
 
+def _torchvision_backward_repeatable(device: torch.device) -> bool:
+    """Whether torchvision's backward gives the same bits every run on ``device``: its CPU
+    kernel loops in a fixed order, its CUDA one scatters the input gradient with atomicAdd."""
+    return device.type == "cpu"
+
+
+def _inside_only(grad_offset, input_shape, offset, weight, stride, padding, dilation):
+    """``grad_offset`` (B, 2 * G * kh * kw, H_out, W_out) with 0 for every sample outside
+    ``(-1, H) x (-1, W)``, as the forward reads it (torchvision's is not 0 at y = -1, x = -1)."""
+    kh, kw = weight.shape[2:]
+    *_, inside = _sample_points(
+        input_shape, offset, kh, kw, stride, padding, dilation, grad_offset.dtype
+    )
+    b, g, k, n = inside.shape
+    kept = torch.where(inside[:, :, :, None], grad_offset.reshape(b, g, k, 2, n), 0)
+    return kept.reshape(grad_offset.shape)
+
+
 def _native_backward(
     grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
 ):
     op = _torchvision_op()
-    if op is None:
+    if op is None or (deterministic and not _torchvision_backward_repeatable(input.device)):
         return _ref_backward(
             grad, input, offset, mask, weight, bias, stride, padding, dilation, deterministic
         )
@@ -227,7 +261,9 @@ def _native_backward(
         out = _torchvision_forward(op, *args, stride, padding, dilation)
         leaves = [t for t in args if t is not None]
         found = iter(torch.autograd.grad(out, leaves, grad.to(out.dtype)))
-    return tuple(None if t is None else next(found).to(t.dtype) for t in originals)
+    grads = [None if t is None else next(found) for t in args]
+    grads[1] = _inside_only(grads[1], input.shape, args[1], weight, stride, padding, dilation)
+    return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, originals))
 
 
 native = SimpleNamespace(forward=_native_forward, backward=_native_backward)

@@ -270,7 +270,7 @@ def swin_launches(dtype: torch.dtype) -> list[Launch]:
     rows = []
     options = window_attention.launch_options(n, d, dtype)
     # q, k, v strides (views of Swin's qkv) and out's: multiples of d = 32
-    kernels = (window_attention._forward_kernel, window_attention._backward_kernel)
+    kernels = [getattr(window_attention, name) for name in options]
     strides = tuple(a for k in kernels for a in k.arg_names if re.fullmatch(r"s[a-z]{2}", a))
     for stage, side, channels, heads in SWIN_T:
         n_w = (side // SWIN_WINDOW) ** 2  # windows per image
@@ -285,11 +285,14 @@ def swin_launches(dtype: torch.dtype) -> list[Launch]:
             "_backward_kernel": 7 * qkv + tables + lse + heads * n * n * 4,  # + d_bias
             "_backward_dq_kernel": 0,
         }
+        ideal["_short_forward_kernel"] = ideal["_forward_kernel"]
+        ideal["_short_backward_kernel"] = ideal["_backward_kernel"]
         for name, opts in options.items():
-            constexprs = {k: v for k, v in opts.items() if k not in ("num_warps", "num_stages")}
-            constexprs.update(HAS_BIAS=True, HAS_MASK=masked)
-            if name == "_backward_kernel":
-                constexprs["BIAS_GRAD"] = True
+            constexprs = window_attention.static_launch(getattr(window_attention, name), "", opts)[
+                2
+            ]
+            if "HAS_MASK" in constexprs:
+                constexprs["HAS_MASK"] = masked
             rows.append(
                 Launch(
                     "window_attention",
@@ -306,6 +309,7 @@ def swin_launches(dtype: torch.dtype) -> list[Launch]:
                         "mask_ptr": "*fp32",
                         "dbias_ptr": "*fp32",
                         "delta_ptr": "*fp32",
+                        "table_ptr": "*fp32",
                     },
                     ideal=ideal[name],
                     divisible=strides,
@@ -1069,6 +1073,17 @@ from the cache) with {workers} processes, {seconds:.0f} s in all.
 """
 
 
+def merged_rows(path: Path, op: str, rows: list[dict]) -> list[dict]:
+    """The rows of the report at ``path`` with those of ``op`` replaced by ``rows`` (in the
+    place of the op's first row; at the end where it had none)."""
+    with open(path, newline="") as f:
+        old = [{**r, "arch": int(r["arch"])} for r in csv.DictReader(f)]
+    keep = [r for r in old if r["op"] != op]
+    first = next((i for i, r in enumerate(old) if r["op"] == op), len(old))
+    before = sum(1 for r in old[:first] if r["op"] != op)
+    return keep[:before] + rows + keep[before:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sm_90, fp32 and bf16 only")
@@ -1079,6 +1094,11 @@ def main() -> None:
         "--cache", type=Path, default=default_cache_dir(), help="compile results kept here"
     )
     parser.add_argument("--no-cache", action="store_true", help="compile everything afresh")
+    parser.add_argument(
+        "--op",
+        help="only this op's kernels (e.g. window_attention): its rows replace the op's rows of "
+        "the existing results, the other rows are kept as they are",
+    )
     args = parser.parse_args()
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
@@ -1089,6 +1109,11 @@ def main() -> None:
         dtypes.insert(1, torch.float16)
     launches = triton_launches(dtypes)
     sources = sorted(CUDA_DIR.glob("*.cu"))
+    if args.op:
+        launches = [launch for launch in launches if launch.op == args.op]
+        sources = [source for source in sources if source.stem == args.op]
+        if not launches and not sources:
+            parser.error(f"--op {args.op!r} names no op of the report")
     jobs = [Job(arch, launch) for launch in launches for arch in archs]
     jobs += [Job(arch, source=source) for source in sources for arch in archs]
     cache = ResultCache(None if args.no_cache else args.cache)
@@ -1099,14 +1124,19 @@ def main() -> None:
             compiled = results[Job(arch, source=source).key()]
             rows += [finish(row) for row in cuda_rows(source, arch, compiled)]
     suffix = "_quick" if args.quick else ""
+    if args.op:
+        rows = merged_rows(RESULTS / f"kernel_report{suffix}.csv", args.op, rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / f"kernel_report{suffix}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS)
         writer.writeheader()
         writer.writerows({k: r[k] for k in FIELDS} for r in rows)
     version = re.search(r"release [\d.]+", nvcc_version())
+    mode = "--quick" if args.quick else "full run"
+    if args.op:
+        mode += f"; rows of {args.op} from a `--op {args.op}` run, the others from the last run"
     header = HEADER.format(
-        mode="--quick" if args.quick else "full run",
+        mode=mode,
         triton=triton.__version__,
         nvcc=f"nvcc {version.group(0)}" if version else "nvcc",
         arch=" / ".join(f"sm_{a}" for a in archs),

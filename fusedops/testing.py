@@ -51,8 +51,17 @@ ROUNDINGS = 4
 DEFAULT_TERMS = 2048
 
 
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """u(dtype): the largest relative error of rounding to the floating ``dtype`` (eps / 2)."""
+#: The compute "dtype" of fp32 products on tensor cores in plain TF32 (no torch.dtype exists):
+#: operands rounded to a 10-bit mantissa, products accumulated in fp32. Pass it as
+#: ``compute=TF32`` where a kernel's fp32 products may run in TF32 (allow_tf32 on).
+TF32 = "tf32"
+
+
+def unit_roundoff(dtype: torch.dtype | str) -> float:
+    """u(dtype): the largest relative error of rounding to the floating ``dtype`` (eps / 2);
+    ``TF32``: 2^-11 (10 mantissa bits)."""
+    if dtype == TF32:
+        return 2.0**-11
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     return torch.finfo(dtype).eps / 2
@@ -70,13 +79,13 @@ def tolerance(
     *,
     terms: int = DEFAULT_TERMS,
     magnitude: float = 1.0,
-    compute: torch.dtype | None = None,
+    compute: torch.dtype | str | None = None,
 ) -> tuple[float, float]:
     """(rtol, atol) for a result stored in ``dtype`` (see the module docstring's rule).
 
     terms: number of terms summed into one output element (>= 1); magnitude: their scale
     (sum of |term|, >= 0); compute: the accumulation dtype (default: float32, float64 for
-    float64 results); scale multiplies both.
+    float64 results; ``TF32`` for fp32 products in TF32); scale multiplies both.
     """
     if isinstance(terms, bool) or not isinstance(terms, int):
         raise TypeError(f"terms must be an int, got {type(terms).__name__}")
@@ -105,7 +114,7 @@ def assert_close(
     scale: float = 1.0,
     terms: int = DEFAULT_TERMS,
     magnitude: float | torch.Tensor = 1.0,
-    compute: torch.dtype | None = None,
+    compute: torch.dtype | str | None = None,
     msg: str = "",
 ) -> None:
     """Assert ``actual`` matches ``expected`` within :func:`tolerance` for ``dtype`` (default:

@@ -16,7 +16,7 @@ import torch
 
 import fusedops
 from fusedops.ops.window_attention import reference
-from fusedops.testing import assert_close, non_contiguous, random_tensor
+from fusedops.testing import TF32, assert_close, non_contiguous, random_tensor
 from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -65,7 +65,7 @@ def _expected(q, k, v, bias, mask, dout, scale):
     return out, grads
 
 
-def _check(q, k, v, bias, mask, backend, scale=None):
+def _check(q, k, v, bias, mask, backend, scale=None, compute=None):
     out = fusedops.window_attention(q, k, v, bias, mask, scale, backend=backend)
     dout = random_tensor(out.shape, out.dtype, DEVICE)
     out.backward(dout)
@@ -73,16 +73,18 @@ def _check(q, k, v, bias, mask, backend, scale=None):
     dtype = q.dtype  # the precision the kernels compute in, whatever the bias dtype
     expected, (dq, dk, dv, dbias) = _expected(q, k, v, bias, mask, dout, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
-    assert_close(out, expected, dtype=dtype, msg="out")
+    assert_close(out, expected, dtype=dtype, compute=compute, msg="out")
     # 16-bit kernels round P and dS to the input dtype before the products (as flash attention
     # does): up to ~1.1x the table's tolerance measured (Triton, interpreted), whatever N
-    assert_close(q.grad, dq, dtype=dtype, scale=GRAD_SCALE, msg="dq")
-    assert_close(k.grad, dk, dtype=dtype, scale=GRAD_SCALE, msg="dk")
-    assert_close(v.grad, dv, dtype=dtype, scale=GRAD_SCALE, msg="dv")
+    assert_close(q.grad, dq, dtype=dtype, scale=GRAD_SCALE, compute=compute, msg="dq")
+    assert_close(k.grad, dk, dtype=dtype, scale=GRAD_SCALE, compute=compute, msg="dk")
+    assert_close(v.grad, dv, dtype=dtype, scale=GRAD_SCALE, compute=compute, msg="dv")
     if bias is not None:
         assert bias.grad.dtype == bias.dtype
         windows = max(1.0, math.sqrt(q.shape[0] / 4))  # a sum over windows
-        assert_close(bias.grad, dbias, dtype=dtype, scale=GRAD_SCALE * windows, msg="dbias")
+        assert_close(
+            bias.grad, dbias, dtype=dtype, scale=GRAD_SCALE * windows, compute=compute, msg="dbias"
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -190,6 +192,39 @@ def test_bias_gradient_is_deterministic(backend):
         fusedops.window_attention(q, k, v, bias, mask, backend=backend).backward(dout)
         grads.append(bias.grad.clone())
     assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("n", [49, 144])
+def test_fp32_products_follow_torch_tf32_setting(monkeypatch, n):
+    """Triton's fp32 products run on tensor cores with torch matmul's contract: plain TF32
+    where ``torch.backends.cuda.matmul`` allows it (then TF32 tolerances), 3-pass TF32
+    otherwise; the short-window kernels (N <= 64) and the blocked ones (N = 144) alike."""
+    from fusedops.kernels import device
+    from fusedops.kernels.triton import window_attention as kernels
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    try:
+        for precision, allowed in (("tf32", True), ("ieee", False)):
+            matmul.fp32_precision = precision
+            assert device.tf32_allowed() is allowed
+    finally:
+        matmul.fp32_precision = before
+    for tf32, precision in ((False, "tf32x3"), (True, "tf32")):
+        for options in kernels.launch_options(n, 16, F32, tf32=tf32).values():
+            assert options["PRECISION"] == precision
+    if "triton" not in KERNEL_BACKENDS:
+        return
+    seen = []
+    monkeypatch.setattr(kernels, "tf32_allowed", lambda: True)
+    options = kernels._options
+    monkeypatch.setattr(kernels, "_options", lambda q: seen.append(options(q)) or seen[-1])
+    q, k, v, bias, mask = _inputs(2, 2, n, 16, F32, mask=(2, -100.0))
+    _check(q, k, v, bias, mask, "triton", compute=TF32)
+    assert len(seen) == 2 and all(
+        o["PRECISION"] == "tf32" for launches in seen for o in launches.values()
+    )
+    assert ("_short_forward_kernel" in seen[0]) == (n <= kernels.SHORT_BLOCK)
 
 
 def test_the_output_is_not_saved_for_the_backward():

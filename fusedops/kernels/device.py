@@ -59,3 +59,17 @@ def groups_to_fill(items: int, programs_per_group: int, target: int) -> int:
     dim 1 or 2, or bounds one). A function of the shapes and the device only, so reductions
     over the groups add their partial sums in the same order on every run."""
     return min(items, MAX_GRID_YZ, max(1, -(-target // max(programs_per_group, 1))))
+
+
+def tf32_allowed() -> bool:
+    """Whether torch lets fp32 matmuls on CUDA run in TF32 (``torch.backends.cuda.matmul``:
+    ``fp32_precision == "tf32"``, or the legacy ``allow_tf32``; off by default): the kernels'
+    fp32 products follow the same contract (plain TF32 when allowed, else 3-pass TF32)."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", "none")
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:  # legacy and new APIs mixed: torch refuses to read allow_tf32
+        return False

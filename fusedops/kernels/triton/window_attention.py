@@ -23,7 +23,18 @@ dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block
 window, else in its own region of the partial buffer); the partials are then summed over G in
 one fixed order. No atomics: the same bits on every run.
 
-Grids: windows * heads (or heads) on dim 0, which takes up to 2^31 - 1 programs (Swin-B stage 1
+Short windows (``short_window``: N <= 64, d <= 64; Swin's 7 x 7): ``_short_forward_kernel``
+and ``_short_backward_kernel``, one program per (image chunk, window position w, head h) on
+grid dim 0, looping over the windows of its images that share ``bias[h] + mask[w]``; a
+window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The forward holds the
+table in registers (loaded once per program); the backward makes one pass per window-head
+(P recomputed once; dq, dk, dv written; dS added to the program's d_bias partial in registers,
+partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers).
+fp32 products run on tensor cores with torch matmul's contract: TF32 where
+``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
+
+Grids (blocked kernels): windows * heads (or heads) on dim 0, which takes up to 2^31 - 1 programs (Swin-B stage 1
 at batch 256 has 65536 window-heads); dims 1 and 2, capped at 65535 by CUDA, carry the query /
 key blocks (at most 16) and the window groups (at most 65535, ``device.groups_to_fill``).
 """
@@ -37,10 +48,16 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc, dispatch
-from fusedops.kernels.device import groups_to_fill, multiprocessors
+from fusedops.kernels.device import groups_to_fill, multiprocessors, tf32_allowed
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
+#: Windows of up to this many tokens (Swin's 7 x 7: 49, padded to 64) and head dims up to
+#: SHORT_MAX_D take the short-window kernels: the whole score tile of a window-head on chip,
+#: the windows of one (image chunk, window position, head) looped in one program, a one-pass
+#: backward. Longer windows (12 x 12: 144) and d = 128 keep the blocked kernels.
+SHORT_BLOCK = 64
+SHORT_MAX_D = 64
 #: The backward's key block for d = 128 (k, v, dk, dv tiles held per program).
 BACKWARD_BLOCK_D128 = 32
 #: Triton's software pipelining depth (its default, 3: loads of the next blocks in flight).
@@ -53,6 +70,10 @@ NUM_STAGES = 3
 SHARED_MEMORY_CAPS = {
     # 102,528 B with 32-wide blocks; the backward (64 x 32 blocks) takes 189,440 B as it is
     ("_forward_kernel", 4, 128): (32, NUM_STAGES),
+    # fp32 with tf32x3 products (TF32 off, torch's default): 229,376 B at d = 64 and 262,144 B at
+    # d = 128 with 3 stages; 163,840 B and 212,992 B with 2
+    ("_backward_dq_kernel", 4, 64): (MAX_BLOCK, 2),
+    ("_backward_dq_kernel", 4, 128): (MAX_BLOCK, 2),
 }
 #: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
 PROGRAMS_PER_SM = 8
@@ -405,6 +426,183 @@ def _backward_dq_kernel(
 
 
 # ------------------------------------------------------------------------------------------
+# Short windows (N <= SHORT_BLOCK, Swin's 7 x 7): the whole N x N score tile in registers.
+
+
+@triton.jit
+def _table_tile(base, rows, cols, N):
+    """fp32 (rows x cols) tile of an (N, N) table at ``base``, zero outside it."""
+    inside = (rows < N)[:, None] & (cols < N)[None, :]
+    return tl.load(base + rows[:, None] * N + cols[None, :], mask=inside, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _short_table(
+    bias_ptr,
+    mask_ptr,
+    h,
+    w,
+    rows,
+    N,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """What every window of head h at window position w adds to its scores: ``bias[h] +
+    mask[w]`` (zeros for an absent one), fp32 (BLOCK, BLOCK), -inf in the padding columns."""
+    table = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    if HAS_BIAS:
+        table += _table_tile(bias_ptr + h * N * N, rows, rows, N)
+    if HAS_MASK:
+        table += _table_tile(mask_ptr + w * N * N, rows, rows, N)
+    return tl.where((rows < N)[None, :], table, float("-inf"))
+
+
+@triton.jit
+def _short_forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bias_ptr,
+    mask_ptr,
+    out_ptr,
+    lse_ptr,
+    sqz,
+    sqh,
+    sqn,
+    skz,
+    skh,
+    skn,
+    svz,
+    svh,
+    svn,
+    images,
+    H,
+    N,
+    num_masks,
+    per_program,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # program (chunk, w, h) on grid dim 0: head h of window position w (the windows sharing
+    # bias[h] + mask[w]) in the images of its chunk
+    pid = tl.program_id(0).to(tl.int64)
+    h = pid % H
+    w = pid // H % num_masks
+    first = pid // H // num_masks * per_program
+    rows = tl.arange(0, BLOCK)
+    cols_d = tl.arange(0, D)
+    table = _short_table(bias_ptr, mask_ptr, h, w, rows, N, HAS_BIAS, HAS_MASK, BLOCK)
+    for image in range(first, tl.minimum(first + per_program, images)):
+        z64 = tl.cast(image, tl.int64) * num_masks + w  # 64-bit offsets
+        q = _load_rows(q_ptr + z64 * sqz + h * sqh, rows, sqn, N, D)
+        k = _load_rows(k_ptr + z64 * skz + h * skh, rows, skn, N, D)
+        v = _load_rows(v_ptr + z64 * svz + h * svh, rows, svn, N, D)
+        s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale + table
+        row_max = tl.max(s, axis=1)  # skips NaN: it shows in total
+        shift = tl.where(row_max == float("-inf"), 0.0, row_max)  # all -inf: no NaN
+        p = tl.exp(s - shift[:, None])
+        total = tl.sum(p, axis=1)
+        # fully masked (every score -inf): output 0, lse +inf; a NaN or +inf score makes total
+        # NaN, hence the row's output and lse NaN, as torch.softmax
+        masked = (row_max == float("-inf")) & (total == total)
+        total = tl.where(masked, 1.0, total)
+        out = _dot(p.to(v.dtype), v, PRECISION, UPCAST) / total[:, None]
+        lse = tl.where(masked, float("inf"), row_max + tl.log(total))
+        out_rows = (z64 * H + h) * N + rows
+        tl.store(
+            out_ptr + out_rows[:, None] * D + cols_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=(rows < N)[:, None],
+        )
+        tl.store(lse_ptr + out_rows, lse, mask=rows < N)
+
+
+@triton.jit
+def _short_backward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    do_ptr,
+    lse_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    dbias_ptr,
+    sqz,
+    sqh,
+    sqn,
+    skz,
+    skh,
+    skn,
+    svz,
+    svh,
+    svn,
+    sdz,
+    sdh,
+    sdn,
+    images,
+    H,
+    N,
+    num_masks,
+    per_program,
+    scale,
+    BIAS_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    # program (chunk, w, h) on grid dim 0: head h of window position w (the windows sharing
+    # bias[h] + mask[w]) in the images of its chunk
+    pid = tl.program_id(0).to(tl.int64)
+    h = pid % H
+    w = pid // H % num_masks
+    first = pid // H // num_masks * per_program
+    rows = tl.arange(0, BLOCK)
+    cols_d = tl.arange(0, D)
+    # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
+    # window (held in registers it costs 32 more per thread, and spills)
+    offsets = rows[:, None] * BLOCK + rows[None, :]
+    dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    for image in range(first, tl.minimum(first + per_program, images)):
+        z64 = tl.cast(image, tl.int64) * num_masks + w
+        zh = z64 * H + h
+        q = _load_rows(q_ptr + z64 * sqz + h * sqh, rows, sqn, N, D)
+        k = _load_rows(k_ptr + z64 * skz + h * skh, rows, skn, N, D)
+        v = _load_rows(v_ptr + z64 * svz + h * svh, rows, svn, N, D)
+        do = _load_rows(do_ptr + z64 * sdz + h * sdh, rows, sdn, N, D)
+        lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
+        s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+        s += tl.load(table_ptr + (w * H + h) * BLOCK * BLOCK + offsets)  # L1-resident
+        p = tl.exp(s - lse[:, None])
+        dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
+        # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
+        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+        if BIAS_GRAD:
+            dbias += ds
+        ds = ds.to(q.dtype)
+        dq = _dot(ds, k, PRECISION, UPCAST) * scale
+        dk = _dot(tl.trans(ds), q, PRECISION, UPCAST) * scale
+        out = (zh * N + rows)[:, None] * D + cols_d[None, :]
+        row_ok = (rows < N)[:, None]
+        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+        tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+    if BIAS_GRAD:  # this program's own fp32 partial (chunks, nW, H, N, N)[chunk, w, h]
+        partial = dbias_ptr + pid * N * N
+        tile = partial + rows[:, None] * N + rows[None, :]
+        tl.store(tile, dbias, mask=(rows < N)[:, None] & (rows < N)[None, :])
+
+
+# ------------------------------------------------------------------------------------------
 # Launchers.
 
 
@@ -417,13 +615,18 @@ def _warps(block: int) -> int:
     return 4 if block >= 64 else 2
 
 
-def _dot_options(dtype: torch.dtype, interpreter: bool) -> dict:
-    """PRECISION: fp32 inputs get full fp32 products (TF32 would miss the fp32 tolerance),
-    16-bit ones the default. UPCAST: bf16 products in fp32 under the CPU interpreter."""
-    return {
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "UPCAST": dtype == torch.bfloat16 and interpreter,
-    }
+def _dot_options(dtype: torch.dtype, interpreter: bool, tf32: bool = False) -> dict:
+    """PRECISION: fp32 inputs on tensor cores with torch matmul's contract, ``"tf32"`` where
+    ``tf32`` (``torch.backends.cuda.matmul.allow_tf32``) is on, else ``"tf32x3"`` (three TF32
+    products: about fp32's accuracy); 16-bit ones the default. UPCAST: bf16 products in fp32
+    under the CPU interpreter (which ignores PRECISION: its products are fp32)."""
+    precision = "tf32" if dtype != torch.float32 or tf32 else "tf32x3"
+    return {"PRECISION": precision, "UPCAST": dtype == torch.bfloat16 and interpreter}
+
+
+def short_window(n: int, d: int) -> bool:
+    """Whether windows of n tokens at head dim d take the short-window kernels."""
+    return n <= SHORT_BLOCK and d <= SHORT_MAX_D
 
 
 def _caps(kernel: str, d: int, dtype: torch.dtype, block: int) -> tuple[int, int]:
@@ -431,12 +634,22 @@ def _caps(kernel: str, d: int, dtype: torch.dtype, block: int) -> tuple[int, int
     return SHARED_MEMORY_CAPS.get((kernel, dtype.itemsize, d), (block, NUM_STAGES))
 
 
-def launch_options(n: int, d: int, dtype: torch.dtype, interpreter: bool = False) -> dict:
+def launch_options(
+    n: int, d: int, dtype: torch.dtype, interpreter: bool = False, tf32: bool = False
+) -> dict:
     """The compile-time options of the launches for windows of n tokens, head dim d and
-    inputs of ``dtype``, by kernel name (``_forward_kernel``, ``_backward_kernel`` and, when
-    the backward's key block does not cover the window, ``_backward_dq_kernel``): constexprs
-    (HAS_BIAS, HAS_MASK and BIAS_GRAD left to the call), ``num_warps`` and ``num_stages``."""
-    dot = _dot_options(dtype, interpreter)
+    inputs of ``dtype`` (``tf32``: fp32 products in plain TF32, see ``_dot_options``), by kernel
+    name: ``_short_forward_kernel`` and ``_short_backward_kernel`` where ``short_window(n, d)``,
+    else ``_forward_kernel``, ``_backward_kernel`` and, when the backward's key block does not
+    cover the window, ``_backward_dq_kernel``: constexprs (HAS_BIAS, HAS_MASK and BIAS_GRAD
+    left to the call), ``num_warps`` and ``num_stages``."""
+    dot = _dot_options(dtype, interpreter, tf32)
+    if short_window(n, d):
+        block = _block(n, SHORT_BLOCK)
+        # one stage: the window loop's loads are not pipelined (the shared memory and the
+        # registers it takes cost more than the latency it hides at 2 programs per SM)
+        short = dict(BLOCK=block, D=d, num_warps=_warps(block), num_stages=1, **dot)
+        return {"_short_forward_kernel": short, "_short_backward_kernel": dict(short)}
     block, stages = _caps("_forward_kernel", d, dtype, MAX_BLOCK)
     block = _block(n, block)
     options = {
@@ -467,25 +680,41 @@ def launch_options(n: int, d: int, dtype: torch.dtype, interpreter: bool = False
 
 def static_launches(n_values, head_dims, dtypes) -> list[tuple]:
     """The distinct GPU launches windows of ``n_values`` tokens, head dims ``head_dims`` and
-    inputs of ``dtypes`` make, as (kernel, pointer type, constexprs, num_warps, num_stages)
-    with kernel the ``@triton.jit`` function and pointer type e.g. ``"*bf16"``; HAS_BIAS,
-    HAS_MASK and BIAS_GRAD on (their tiles only add to what a launch holds). For compiling
-    them ahead of a GPU (kernels/triton/_static.py)."""
-    kernels = {k.__name__: k for k in (_forward_kernel, _backward_kernel, _backward_dq_kernel)}
+    inputs of ``dtypes`` make (fp32 with TF32 off and on), as (kernel, pointer type,
+    constexprs, num_warps, num_stages) with kernel the ``@triton.jit`` function and pointer
+    type e.g. ``"*bf16"``; HAS_BIAS, HAS_MASK and BIAS_GRAD on (their tiles only add to what a
+    launch holds). For compiling them ahead of a GPU (kernels/triton/_static.py)."""
+    kernels = {
+        k.__name__: k
+        for k in (
+            _forward_kernel,
+            _backward_kernel,
+            _backward_dq_kernel,
+            _short_forward_kernel,
+            _short_backward_kernel,
+        )
+    }
     pointers = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
     seen = {}
-    for dtype, d, n in itertools.product(dtypes, head_dims, n_values):
-        for name, options in launch_options(n, d, dtype).items():
-            constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
-            constexprs.update(HAS_BIAS=True, HAS_MASK=True)
-            if name == "_backward_kernel":
-                constexprs["BIAS_GRAD"] = True
-            launch = (kernels[name], pointers[dtype], constexprs)
-            launch += (options["num_warps"], options["num_stages"])
-            seen.setdefault(
-                (name, pointers[dtype], *sorted(constexprs.items()), *launch[3:]), launch
-            )
+    for dtype, d, n, tf32 in itertools.product(dtypes, head_dims, n_values, (False, True)):
+        if tf32 and dtype != torch.float32:
+            continue
+        for name, options in launch_options(n, d, dtype, tf32=tf32).items():
+            launch = static_launch(kernels[name], pointers[dtype], options)
+            key = (name, launch[1], *sorted(launch[2].items()), *launch[3:])
+            seen.setdefault(key, launch)
     return list(seen.values())
+
+
+def static_launch(kernel, pointer: str, options: dict) -> tuple:
+    """(kernel, pointer, constexprs, num_warps, num_stages) of one launch with ``options``
+    (``launch_options``'s), every optional tile on: HAS_BIAS, HAS_MASK and BIAS_GRAD where the
+    kernel takes them."""
+    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+    for flag in ("HAS_BIAS", "HAS_MASK", "BIAS_GRAD"):
+        if flag in kernel.arg_names:
+            constexprs[flag] = True
+    return kernel, pointer, constexprs, options["num_warps"], options["num_stages"]
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -512,6 +741,26 @@ def _dummy(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((1,), dtype=torch.float32)
 
 
+def _options(q: torch.Tensor) -> dict:
+    """``launch_options`` for q's shape, dtype, device and torch's TF32 setting."""
+    n, d = q.shape[-2:]
+    return launch_options(n, d, q.dtype, dispatch.triton_interpreter(), tf32_allowed())
+
+
+def _short_chunks(q: torch.Tensor, masks: int) -> tuple[int, int]:
+    """(chunks, images per chunk) of the short-window kernels: each program takes one
+    (chunk, window position, head); enough chunks to fill the GPU, none of them empty. Fixed
+    for a device and shape, so d_bias is summed in the same order every run."""
+    images, heads = q.shape[0] // masks, q.shape[1]
+    if q.device.type != "cuda" or dispatch.triton_interpreter():
+        chunks = min(images, INTERPRETER_GROUPS)
+    else:
+        target = PROGRAMS_PER_SM * multiprocessors(q.device)
+        chunks = groups_to_fill(images, masks * heads, target)
+    per_chunk = triton.cdiv(images, chunks)
+    return triton.cdiv(images, per_chunk), per_chunk
+
+
 def forward(q, k, v, bias, mask, scale):
     """(out, lse) of window attention; shapes and layout in the module docstring."""
     q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
@@ -520,29 +769,60 @@ def forward(q, k, v, bias, mask, scale):
     lse = _alloc.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     if q.numel() == 0:
         return out, lse
-    options = launch_options(n, d, q.dtype, dispatch.triton_interpreter())["_forward_kernel"]
+    launches = _options(q)
     dummy = _dummy(q)
+    masks = mask.shape[0] if mask is not None else 1
+    tables = (bias if bias is not None else dummy, mask if mask is not None else dummy)
+    flags = dict(HAS_BIAS=bias is not None, HAS_MASK=mask is not None)
+    strides = (*_strides(q), *_strides(k), *_strides(v))
+    if "_short_forward_kernel" in launches:
+        chunks, per_chunk = _short_chunks(q, masks)
+        _short_forward_kernel[(chunks * masks * heads,)](
+            q, k, v, *tables, out, lse, *strides, windows // masks, heads, n, masks, per_chunk,
+            scale, **flags, **launches["_short_forward_kernel"],
+        )  # fmt: skip
+        return out, lse
+    options = launches["_forward_kernel"]
     grid = (windows * heads, triton.cdiv(n, options["BLOCK_M"]))  # dims 1, 2 <= 65535
     _forward_kernel[grid](
-        q,
-        k,
-        v,
-        bias if bias is not None else dummy,
-        mask if mask is not None else dummy,
-        out,
-        lse,
-        *_strides(q),
-        *_strides(k),
-        *_strides(v),
-        heads,
-        n,
-        mask.shape[0] if mask is not None else 1,
-        scale,
-        HAS_BIAS=bias is not None,
-        HAS_MASK=mask is not None,
-        **options,
+        q, k, v, *tables, out, lse, *strides, heads, n, masks, scale, **flags, **options
     )
     return out, lse
+
+
+def _padded_table(bias, mask, heads: int, n: int, block: int, device) -> torch.Tensor:
+    """fp32 ``(nW, H, block, block)``: ``bias[h] + mask[w]`` (zeros for an absent one) padded
+    with -inf: what the short-window backward adds to window (image, w)'s head-h scores."""
+    masks = mask.shape[0] if mask is not None else 1
+    table = torch.full((masks, heads, block, block), float("-inf"), device=device)
+    inner = table[..., :n, :n]
+    inner.zero_()
+    if bias is not None:
+        inner += bias.float()
+    if mask is not None:
+        inner += mask.float()[:, None]
+    return table
+
+
+def _short_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad, options):
+    """(dq, dk, dv, dbias) from the short-window backward: one pass per window-head, the
+    d_bias partials of the programs (chunk, w, h) summed in a fixed order."""
+    windows, heads, n, d = q.shape
+    dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = _alloc.empty(v.shape, dtype=v.dtype, device=v.device)
+    masks = mask.shape[0] if mask is not None else 1
+    chunks, per_chunk = _short_chunks(q, masks)
+    partial = None
+    if bias_grad:  # every program writes its whole region
+        partial = torch.empty((chunks * masks, heads, n, n), dtype=torch.float32, device=q.device)
+    table = _padded_table(bias, mask, heads, n, options["BLOCK"], q.device)
+    _short_backward_kernel[(chunks * masks * heads,)](
+        q, k, v, table, dout, lse, dq, dk, dv, partial if bias_grad else _dummy(q),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+        windows // masks, heads, n, masks, per_chunk, scale, BIAS_GRAD=bias_grad, **options,
+    )  # fmt: skip
+    return dq, dk, dv, partial.sum(dim=0).to(bias.dtype) if bias_grad else None
 
 
 def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
@@ -550,14 +830,17 @@ def backward(dout, q, k, v, bias, mask, lse, scale, bias_grad):
     backward's rowsum is taken from P dP, so the forward's output is not needed."""
     q, k, v, dout = _unit_stride(q), _unit_stride(k), _unit_stride(v), _unit_stride(dout)
     windows, heads, n, d = q.shape
+    launches = _options(q)
+    bias_grad = bias_grad and bias is not None
+    if "_short_backward_kernel" in launches and q.numel():
+        options = launches["_short_backward_kernel"]
+        return _short_backward(dout, q, k, v, bias, mask, lse, scale, bias_grad, options)
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = _alloc.empty(v.shape, dtype=v.dtype, device=v.device)
-    launches = launch_options(n, d, q.dtype, dispatch.triton_interpreter())
-    options = launches["_backward_kernel"]
+    options = launches.get("_backward_kernel", {"BLOCK_N": MAX_BLOCK})  # (empty short: G = 0)
     key_blocks = triton.cdiv(n, options["BLOCK_N"])
     groups = _groups(q, key_blocks)
-    bias_grad = bias_grad and bias is not None
     partial = None
     if bias_grad:  # zeros: a region summed across query blocks starts at 0 (and G = 0 sums to 0)
         partial = torch.zeros((groups, heads, n, n), dtype=torch.float32, device=q.device)

@@ -1,6 +1,7 @@
 """FusedAdam / FusedAdamW with ``max_grad_norm``: equal to ``clip_grad_norm_`` followed by
 torch.optim.Adam / AdamW, alone and in torch.amp.GradScaler's sequence, on every backend here."""
 
+import contextlib
 import copy
 import math
 
@@ -315,11 +316,79 @@ def test_hooked_torch_adamw_takes_max_grad_norm():
         assert_close(p, q)
 
 
-@pytest.mark.parametrize("norm_type", [2.0, math.inf])
-def test_param_groups_on_two_devices_share_one_global_norm(norm_type):
-    """Params on the CPU and on the device under test (two devices on a GPU machine; here both
-    on the CPU, so the grouping logic still runs): one global norm over both, each device's
-    update clipped by it, as clip_grad_norm_ then AdamW."""
+# ---------------------------------------------------------------------------------------------
+# Params on two devices
+
+
+def _copy_destination(tensor: torch.Tensor, args: tuple, kwargs: dict) -> torch.device:
+    """The device a ``tensor.to(*args, **kwargs)`` call copies onto."""
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+        if isinstance(arg, (torch.device, str)):
+            return torch.device(arg)
+    return tensor.device
+
+
+class _UnlandedHostCopies:
+    """Inside ``active()``, every non-blocking copy onto the host reads NaN, as a host read may
+    before a copy from a GPU has landed (torch returns from it at once; the pinned buffer then
+    still holds an older value: the 2026-11-26 H200 run's norm 15.30 for 0.076 was the step
+    before's). On the CPU the copy cannot tell where its data would come from on a GPU machine,
+    so every such request is treated as one; ``calls`` lists them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.on = False
+
+    @contextlib.contextmanager
+    def active(self):
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+
+
+@pytest.fixture
+def unlanded_host_copies(monkeypatch):
+    """Patches Tensor.to / Tensor.copy_ for ``_UnlandedHostCopies`` (returned)."""
+    emulation = _UnlandedHostCopies()
+    original_to, original_copy = torch.Tensor.to, torch.Tensor.copy_
+
+    def poison(t: torch.Tensor, what: str) -> None:
+        emulation.calls.append(what)
+        t.fill_(float("nan") if t.is_floating_point() or t.is_complex() else 1)
+
+    def to(self, *args, **kwargs):
+        out = original_to(self, *args, **kwargs)
+        blocking = not (kwargs.get("non_blocking") or any(a is True for a in args))
+        if not emulation.on or blocking or _copy_destination(self, args, kwargs).type != "cpu":
+            return out
+        out = out.clone() if out is self else out  # (on the CPU: the source itself)
+        poison(out, f"Tensor.to({args}, {kwargs})")
+        return out
+
+    def copy_(self, src, non_blocking=False):
+        original_copy(self, src)
+        if emulation.on and non_blocking and self.device.type == "cpu":
+            poison(self, "Tensor.copy_(non_blocking=True) onto the host")
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    return emulation
+
+
+def _steps_on_two_devices(norm_type: float, scaled: bool, unlanded: _UnlandedHostCopies) -> None:
+    """Params alternately on the CPU and on the device under test (two devices on a GPU
+    machine; here both on the CPU, so the grouping logic still runs), three steps of one global
+    norm over both: each device's update clipped by it, as clip_grad_norm_ then AdamW. With
+    ``scaled`` the GradScaler's grad_scale and found_inf and a tensor lr live on the device
+    under test (the host's params need them on the host). ``opt.step()`` runs with
+    ``unlanded``'s emulation active."""
     devices = (torch.device("cpu"), DEVICE)
     shapes = ((6, 5), (11,), (4, 4), (9,))
     params = [
@@ -327,16 +396,47 @@ def test_param_groups_on_two_devices_share_one_global_norm(norm_type):
         for i, shape in enumerate(shapes)
     ]
     ref = [p.detach().clone().requires_grad_() for p in params]
-    opt = FusedAdamW(params, lr=0.01, weight_decay=0.1, max_grad_norm=0.5, norm_type=norm_type)
+    lr = torch.tensor(0.01, device=DEVICE) if scaled else 0.01
+    opt = FusedAdamW(params, lr=lr, weight_decay=0.1, max_grad_norm=0.5, norm_type=norm_type)
     ref_opt = torch.optim.AdamW(ref, lr=0.01, weight_decay=0.1, foreach=False)
+    scale = 4.0 if scaled else 1.0
+    if scaled:
+        opt.grad_scale = torch.tensor(scale, device=DEVICE)
+        opt.found_inf = torch.tensor(0.0, device=DEVICE)
     for step in range(3):
         for p, r in zip(params, ref):
             g = torch.randn(p.shape, device="cpu") * GRAD_SCALES[step]
-            p.grad, r.grad = g.to(p.device), g.to(p.device)
-        norm = opt.step()
+            p.grad, r.grad = (g * scale).to(p.device), g.to(p.device)
+        with unlanded.active():
+            norm = opt.step()
+        assert unlanded.calls == [], f"a non-blocking copy onto the host in step {step}"
         want = torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type=norm_type)
         ref_opt.step()
+        assert norm.device == params[0].device  # the first gradient's, as clip_grad_norm_
         assert_close(norm.cpu(), want.cpu(), scale=NORM_TERMS, msg=f"norm, step {step}")
         for p, r in zip(params, ref):
             assert p.device == r.device
             assert_close(p, r, msg=f"params, step {step}")
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_param_groups_on_two_devices_share_one_global_norm(norm_type, unlanded_host_copies):
+    """One global norm over params on two devices (``_steps_on_two_devices``)."""
+    _steps_on_two_devices(norm_type, False, unlanded_host_copies)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_scaler_values_and_lr_on_the_device_reach_the_host_params(norm_type, unlanded_host_copies):
+    """grad_scale, found_inf and a tensor lr on the device under test, half the params on the
+    host (``_steps_on_two_devices``)."""
+    _steps_on_two_devices(norm_type, True, unlanded_host_copies)
+
+
+def test_norms_are_combined_where_no_copy_waits():
+    """combine_device: the first gradient's device unless that is the host and another
+    gradient lives on an accelerator (meta stands for one here); the host with none."""
+    host, other = torch.zeros(3, device="cpu"), torch.zeros(3, device="meta")
+    assert grad_norm.combine_device([host, other, host]) == other.device
+    assert grad_norm.combine_device([other, host]) == other.device
+    assert grad_norm.combine_device([host, host]) == host.device
+    assert grad_norm.combine_device([]) == torch.device("cpu")

@@ -42,6 +42,7 @@ import torch
 from fusedops import dispatch
 from fusedops.kernels.shared.adam import step_arguments
 from fusedops.ops._define import define_op
+from fusedops.ops._transfer import to_device
 
 
 def _reference_step(*lists: list[torch.Tensor], **options: Any) -> None:
@@ -282,10 +283,8 @@ def adam_step(
         return
     lr_tensor = None
     if isinstance(lr, torch.Tensor):
-        device = params[0].device
-        lr_tensor = (
-            lr.detach().reshape(()).to(device=device, dtype=torch.float32, non_blocking=True)
-        )
+        # (from an accelerator onto host params: a blocking copy, fusedops/ops/_transfer.py)
+        lr_tensor = to_device(lr.detach().reshape(()), params[0].device, torch.float32)
         lr = 0.0
     ADAM_STEP(
         params,

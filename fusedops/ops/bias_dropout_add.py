@@ -34,15 +34,19 @@ Design (docs/ops.md, "Bias-dropout-add"):
 - A residual that broadcasts is expanded to x's shape (one copy) before the fused op; inputs
   are made contiguous.
 
-- The native backend (the automatic pick on CPU and where no GPU-verified kernel runs) uses
-  torch's random numbers unless ``portable_mask=True`` / ``FUSEDOPS_PORTABLE_DROPOUT=1`` asks
-  for the Philox mask: ``native_drop_mask`` (CPU: torch's bernoulli from a generator seeded with
-  the seed's key; other devices: the Philox words, no host sync). In eager mode it runs with
-  torch's autograd (the mask is kept, one byte an element); the custom ops (torch.compile,
-  export) regenerate the same mask from the seed. The custom ops take ``portable`` after
-  ``backend`` (the XLA lowering always computes the Philox mask). When x, bias and residual
-  share a 16-bit dtype, native computes in it, rounding after each op as the torch code the op
-  replaces (``residual + dropout(x + bias)``) does; mixed or fp32 inputs compute in fp32.
+- The native backend (the automatic pick on CPU and where no GPU-verified kernel runs) draws
+  ``native_drop_mask``: on CPU tensors torch's bernoulli from a generator seeded with the
+  seed's key, unless ``portable_mask=True`` / ``FUSEDOPS_PORTABLE_DROPOUT=1`` asks for the
+  Philox mask; on other devices (CUDA) always the Philox words, the kernels' mask bit for bit
+  (a torch generator seeded from the seed tensor would need a host sync), so there
+  ``portable_mask`` changes nothing. (Not torch's CUDA dropout stream, which keys Philox with
+  the generator's own seed and offset: this key is a ``torch.randint`` draw.) In eager mode it
+  runs with torch's autograd (the mask is kept, one byte an element); the custom ops
+  (torch.compile, export) regenerate the same mask from the seed. The custom ops take
+  ``portable`` after ``backend`` (the XLA lowering always computes the Philox mask). When x,
+  bias and residual share a 16-bit dtype, native computes in it, rounding after each op as the
+  torch code the op replaces (``residual + dropout(x + bias)``) does; mixed or fp32 inputs
+  compute in fp32.
 
 Every backend exposes ``forward(x, bias, residual, seed, p) -> out`` on contiguous x, bias (H,)
 or None, residual of x's shape, and ``backward(grad, seed, p, x_dtype, bias_dtype) ->
@@ -116,16 +120,19 @@ reference = SimpleNamespace(
 )
 
 # ------------------------------------------------------------------------------------------
-# Native implementation: torch's own random numbers instead of the Philox words (the default;
-# ``portable_mask`` keeps the Philox mask). The mask is a function of the op's seed: on a CPU
-# tensor torch's bernoulli from a CPU generator seeded with the seed's key (reading it is free
-# there); on other devices the Philox words (no host sync). Eager calls build the same mask and
-# let torch's autograd keep it (``_native_eager``); the custom ops regenerate it in the backward.
+# Native implementation: on CPU tensors torch's own random numbers instead of the Philox words
+# (the default; ``portable_mask`` keeps the Philox mask). The mask is a function of the op's
+# seed: on a CPU tensor torch's bernoulli from a CPU generator seeded with the seed's key
+# (reading it is free there); on other devices the Philox words (no host sync), whatever
+# ``portable_mask`` says. Eager calls build the same mask and let torch's autograd keep it
+# (``_native_eager``); the custom ops regenerate it in the backward.
 
 
 def native_drop_mask(seed: torch.Tensor, p: float, shape) -> torch.Tensor:
-    """The native backend's drop-mask (bool, ``shape``; True: dropped) for ``seed`` and
-    0 < p < 1."""
+    """The native backend's drop-mask (bool, ``shape``; True: dropped) for ``seed`` (int64[2])
+    and 0 < p < 1: on the CPU torch's bernoulli from a CPU generator seeded with the seed's key;
+    on other devices the Philox words of ``keep_mask`` negated, the portable mask itself
+    (seeding a generator would read the seed on the host, a synchronisation)."""
     if seed.device.type != "cpu":
         return keep_mask(seed, p, math.prod(shape)).view(shape).logical_not_()
     generator = torch.Generator().manual_seed(int(seed[0]))
@@ -383,9 +390,11 @@ def bias_dropout_add(
     own ops: in eager mode with torch's autograd, which keeps the mask (one byte an element).
     portable_mask: True draws the Philox mask, the same bits on every backend (kernels, native,
     reference, XLA) for the same seed; False (default; ``FUSEDOPS_PORTABLE_DROPOUT=1`` makes
-    True the default) lets the native backend draw torch's bernoulli mask instead (on CPU, from a
-    generator seeded by the op's seed: reproducible under ``torch.manual_seed``, the same in
-    eager and compiled code, not the kernels' bits). The kernels always use Philox.
+    True the default) lets the native backend on CPU tensors draw torch's bernoulli mask
+    instead (from a generator seeded by the op's seed: reproducible under
+    ``torch.manual_seed``, the same in eager and compiled code, not the kernels' bits). On other
+    devices (CUDA) native always draws the Philox mask (no host sync), so there the flag changes
+    nothing. The kernels always use Philox.
     """
     names = ("x", "bias", "residual", "p")
     return _bias_dropout_add(

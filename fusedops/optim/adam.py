@@ -10,11 +10,14 @@ Same constructor and state_dict layout as torch (``step``, ``exp_avg``, ``exp_av
   honours ``fusedops.use_backend`` and ``FUSEDOPS_BACKEND``).
 
 ``step`` lives on the params' device (float32, as torch's fused/capturable Adam keeps it), and
-``lr`` may be a tensor: a step never synchronises with the host. Under ``torch.amp.GradScaler``
-(``_step_supports_amp_scaling``) the scaler hands over ``grad_scale`` and ``found_inf``: the
-kernel unscales the gradients and, when ``found_inf`` is set, skips the update and the step
-increment on the device. DTensor params (FSDP2) are updated through their local shards.
-``foreach`` and ``fused`` are accepted for compatibility and ignored.
+``lr`` may be a tensor: a step never synchronises with the host while its params, gradients
+and scaler share a device. (Params on the host with gradients or the scaler on an accelerator:
+one blocking copy per step brings the values the host needs, see ``_StepScalars``; a tensor
+``lr`` on an accelerator for host params is one more.) Under
+``torch.amp.GradScaler`` (``_step_supports_amp_scaling``) the scaler hands over ``grad_scale``
+and ``found_inf``: the kernel unscales the gradients and, when ``found_inf`` is set, skips
+the update and the step increment on the device. DTensor params (FSDP2) are updated through
+their local shards. ``foreach`` and ``fused`` are accepted for compatibility and ignored.
 
 Gradient clipping: with ``max_grad_norm`` set, ``step()`` does what
 ``torch.nn.utils.clip_grad_norm_(all params, max_grad_norm, norm_type)`` followed by the step
@@ -28,7 +31,9 @@ float32 tensor on the first gradient's device, as ``clip_grad_norm_`` returns it
 loss instead when a closure is given) and keeps it as ``last_grad_norm``. A non-finite gradient
 gives a non-finite norm: under a GradScaler the step is skipped (``found_inf``), without one the
 update follows ``clip_grad_norm_(error_if_nonfinite=False)`` (NaN coefficient). Nothing waits for
-the device. ``max_grad_norm`` and ``norm_type`` are attributes (not saved in ``state_dict``).
+the device (but for the mixed host/accelerator case above: the norm is combined on the
+accelerator, and the host's params and the returned norm get it in that one blocking copy).
+``max_grad_norm`` and ``norm_type`` are attributes (not saved in ``state_dict``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch
 
 from fusedops.ops import grad_norm
 from fusedops.ops._eager import PLAIN_TENSOR_TYPES
+from fusedops.ops._transfer import to_device, to_host
 from fusedops.ops.adam import adam_step
 
 _MASTER = "master_param"
@@ -153,14 +159,18 @@ class _FusedAdamMixin:
         # this step's checked states; params not stepped drop out (no stale state kept alive)
         self._fusedops_seen = {}
         collected = [self._collect_group(group) for group in self.param_groups]
-        clip_coef = norm = None
+        scalars = _StepScalars(grad_scale=grad_scale, found_inf=found_inf)
+        norm = None
         if self.max_grad_norm is not None:
             grads = [g for _, _, norm_grads in collected for g in norm_grads]
-            norm = grad_norm.total_norm(grads, self.norm_type, grad_scale)
-            clip_coef = grad_norm.clip_coefficient(norm, self.max_grad_norm)
+            # combined where no copy has to wait; returned on the first gradient's device
+            where = grad_norm.combine_device(grads)
+            norm = grad_norm.total_norm(grads, self.norm_type, grad_scale, device=where)
+            scalars.add(norm=norm, clip_coef=grad_norm.clip_coefficient(norm, self.max_grad_norm))
+            norm = scalars.on("norm", grads[0].device if grads else where)
             self.last_grad_norm = norm
         for group, (groups, copies, _) in zip(self.param_groups, collected):
-            self._apply_group(group, groups, copies, grad_scale, found_inf, clip_coef)
+            self._apply_group(group, groups, copies, scalars)
         self._fusedops_ready, self._fusedops_seen = self._fusedops_seen, {}
         return loss if closure is not None else norm
 
@@ -280,8 +290,9 @@ class _FusedAdamMixin:
             _append(groups[(p.device, p.dtype)], (*tensors, state["step"]))
         return groups, copies, norm_grads
 
-    def _apply_group(self, group, groups, copies, grad_scale, found_inf, clip_coef) -> None:
-        """One ``adam_step`` per (device, dtype) list of ``_collect_group``, then the copies."""
+    def _apply_group(self, group, groups, copies, scalars: _StepScalars) -> None:
+        """One ``adam_step`` per (device, dtype) list of ``_collect_group`` (grad_scale,
+        found_inf and clip_coef from ``scalars``), then the copies."""
         beta1, beta2 = (float(b) for b in group["betas"])
         for (device, _), lists in groups.items():
             adam_step(
@@ -294,9 +305,9 @@ class _FusedAdamMixin:
                 amsgrad=group["amsgrad"],
                 maximize=group["maximize"],
                 decoupled=group["decoupled_weight_decay"],
-                grad_scale=_on(grad_scale, device),
-                found_inf=_on(found_inf, device),
-                clip_coef=_on(clip_coef, device),
+                grad_scale=scalars.on("grad_scale", device),
+                found_inf=scalars.on("found_inf", device),
+                clip_coef=scalars.on("clip_coef", device),
                 backend=self.backend,
             )
         for original, temporary in copies:
@@ -326,12 +337,35 @@ class _FusedAdamMixin:
                         state[key] = value.to(device=param.device, dtype=torch.float32, copy=True)
 
 
-def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """``t`` (grad_scale / found_inf / clip_coef) as float32 on ``device`` (asynchronous copy
-    if needed)."""
-    if t is None:
-        return None
-    return t.to(device=device, dtype=torch.float32, non_blocking=True)
+class _StepScalars:
+    """A step's 0-d tensors (grad_scale and found_inf from a GradScaler, the norm and clip_coef
+    of clipping) as float32 on each device that needs them. Copies onto an accelerator are
+    asynchronous; the values the host needs from an accelerator (params on the host, or the
+    norm returned there, while the gradients or the scaler live on an accelerator) come over
+    together in one blocking copy, the step's only host synchronisation (a non-blocking copy
+    onto the host may be read before it lands: fusedops/ops/_transfer.py)."""
+
+    def __init__(self, **values: torch.Tensor | None) -> None:
+        self._values: dict[str, torch.Tensor] = {}
+        self._moved: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self.add(**values)
+
+    def add(self, **values: torch.Tensor | None) -> None:
+        """Add the named values (None: absent); before the first ``on`` onto the host."""
+        self._values.update((k, v) for k, v in values.items() if v is not None)
+
+    def on(self, name: str, device: torch.device) -> torch.Tensor | None:
+        """The value ``name`` as a 0-d float32 tensor on ``device`` (None when absent)."""
+        value = self._values.get(name)
+        if value is None:
+            return None
+        if (name, device) not in self._moved:
+            if device.type == "cpu" and value.device.type != "cpu":
+                on_host = to_host(self._values)  # every value the host may need, at once
+                self._moved.update(((k, device), v) for k, v in on_host.items())
+            else:
+                self._moved[(name, device)] = to_device(value, device, torch.float32)
+        return self._moved[(name, device)]
 
 
 _Adam = _unpatched(torch.optim.Adam)

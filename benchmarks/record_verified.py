@@ -61,6 +61,12 @@ OP_TEST_FILES: dict[str, tuple[str, ...]] = {
 #: A line of ``pytest --collect-only -q`` that is a node id: ``tests/test_x.py::test_f[p]``.
 _NODE_ID = re.compile(r"^(\S+\.py)::(.+?)\s*$")
 
+#: pytest's last line of a whole collection: "12 tests collected in 1.0s", "3/9 tests collected
+#: (6 deselected) in 1.0s", "2 tests collected, 1 error in 1.0s", "no tests collected in 1.0s".
+_COLLECTED_SUMMARY = re.compile(r"(\d+(/\d+)? tests? collected|no tests collected)\b.* in [\d.]+s")
+#: The summary's line for a file that failed to collect: "ERROR tests/test_x.py - ImportError".
+_COLLECT_ERROR = re.compile(r"^ERROR (\S+\.py)\b")
+
 #: A junit case's address: (classname, name), as pytest's junitxml writes them.
 Address = tuple[str, str]
 
@@ -96,16 +102,40 @@ def _module_of(classname: str, name: str) -> str:
     return ".".join(parts[: modules[-1] + 1]) if modules else classname
 
 
-def read_collected(paths: list[Path]) -> dict[Address, str]:
-    """Every collected case's junit address -> its dotted module, over the collection files
-    (the output of ``pytest --collect-only -q``; lines that are not node ids are ignored)."""
-    cases = {}
+@dataclass
+class Collection:
+    """What pytest collected for the parts of a run: every case's junit address -> its dotted
+    module, and the modules that failed to collect (import errors)."""
+
+    cases: dict[Address, str] = field(default_factory=dict)
+    errors: set[str] = field(default_factory=set)
+
+
+class IncompleteCollection(ValueError):
+    """A collection file without pytest's closing summary line: the listing was cut short (or
+    never written), so which cases a file has is unknown."""
+
+
+def read_collected(paths: list[Path]) -> Collection:
+    """The cases of the collection files (the output of ``pytest --collect-only -q``: node id
+    lines, ``ERROR tests/x.py`` lines for files that failed to collect, and the summary line
+    "N tests collected ..." that pytest prints once the listing is whole; other lines are
+    ignored). Raises ``IncompleteCollection`` for a file that is missing or has no summary."""
+    collection = Collection()
     for path in paths:
-        for line in path.read_text(errors="replace").splitlines():
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError as error:
+            raise IncompleteCollection(f"collection {path} unreadable ({error})") from error
+        if not any(_COLLECTED_SUMMARY.search(line) for line in lines):
+            raise IncompleteCollection(f"collection {path} has no summary line (cut short?)")
+        for line in lines:
             match = _NODE_ID.match(line)
             if match:
-                cases[_address(match[1], match[2])] = _module(match[1])
-    return cases
+                collection.cases[_address(match[1], match[2])] = _module(match[1])
+            elif match := _COLLECT_ERROR.match(line):
+                collection.errors.add(_module(match[1]))
+    return collection
 
 
 def read_junit(paths: list[Path]) -> dict[Address, str]:
@@ -142,18 +172,18 @@ class FileResult:
     failed: list[str] = field(default_factory=list)
 
 
-def file_results(
-    collected: dict[Address, str], outcomes: dict[Address, str]
-) -> dict[str, FileResult]:
+def file_results(collection: Collection, outcomes: dict[Address, str]) -> dict[str, FileResult]:
     """Dotted test module -> its cases' outcomes: the collection says which cases the module
-    has, the junit which of them ran and how."""
+    has (a module that failed to collect counts as failed), the junit which of them ran and how."""
     results: dict[str, FileResult] = {}
-    for address, module in collected.items():
+    for address, module in collection.cases.items():
         result = results.setdefault(module, FileResult())
         result.collected += 1
         result.ran += address in outcomes
+    for module in sorted(collection.errors):
+        results.setdefault(module, FileResult()).failed.append("(collection error)")
     for (classname, name), outcome in outcomes.items():
-        module = collected.get((classname, name)) or _module_of(classname, name)
+        module = collection.cases.get((classname, name)) or _module_of(classname, name)
         result = results.setdefault(module, FileResult())
         if outcome == "failed":
             result.failed.append(name)
@@ -254,15 +284,19 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, name):
             parser.error(f"--{name} is required (without a collection nothing is recorded)")
     ops.load_all()
-    collected = read_collected(args.collected)
-    tested = set(collected.values())
+    try:
+        collection = read_collected(args.collected)
+    except IncompleteCollection as error:
+        print(f"{error}: nothing recorded, {args.out} not written")
+        return 0
+    tested = set(collection.cases.values()) | collection.errors
     if not any(f"tests.{stem}" in tested for stems in OP_TEST_FILES.values() for stem in stems):
         print(
             f"no op test file was collected in this run: nothing recorded, {args.out} not written"
         )
         return 0
     base = json.loads(args.base.read_text()) if args.base.exists() else {}
-    found = verdicts(file_results(collected, read_junit(args.junit)))
+    found = verdicts(file_results(collection, read_junit(args.junit)))
     for (op, backend), verdict in sorted(found.items()):
         print(f"{op:24s} {backend:7s} {verdict}")
     table = record(base.get("kernels", {}), found, args.gpu, args.commit, args.date, args.evidence)

@@ -140,12 +140,34 @@ def test_a_part_killed_before_its_junit_leaves_its_files_incomplete(recorder, tm
 
 
 def test_a_file_that_failed_to_import_drops_its_kernels(recorder, tmp_path):
-    cases = {"tests.test_nms::test_nms[cuda-1000]": "passed", "::tests.test_nms": "error"}
-    junit = _junit(tmp_path / "ops.xml", cases)
-    collected = _collected(tmp_path / "ops.txt", ["tests.test_nms::test_nms[cuda-1000]"])
+    """Named as an error by the junit (classname '', the module as the name), or by the
+    collection's summary ("ERROR tests/test_nms.py - ImportError ...")."""
+    ran = {"tests.test_nms::test_nms[cuda-1000]": "passed"}
     base = _base(tmp_path, {"nms": ["cuda"], "quick_gelu": ["triton"]})
+    collected = _collected(tmp_path / "ops.txt", ran)
+    junit = _junit(tmp_path / "ops.xml", {**ran, "::tests.test_nms": "error"})
     args = ["--collected", str(collected), "--junit", str(junit)]
     assert set(_record(recorder, tmp_path, *args, base=base)) == {"quick_gelu"}
+    listing = collected.read_text().replace("\n\n", "\nERROR tests/test_nms.py - ImportError\n\n")
+    collected.write_text(listing)
+    junit = _junit(tmp_path / "ops.xml", ran)
+    assert set(_record(recorder, tmp_path, *args, base=base)) == {"quick_gelu"}
+
+
+def test_a_collection_cut_short_records_nothing(recorder, tmp_path, capsys):
+    """Without pytest's summary line the listing may lack cases (or a whole part's files):
+    nothing is recorded from such a run."""
+    cases = {"tests.test_quick_gelu::test_fwd[cuda]": "passed"}
+    junit = _junit(tmp_path / "ops.xml", cases)
+    whole = _collected(tmp_path / "ops.txt", cases)
+    cut = tmp_path / "big.txt"
+    cut.write_text(whole.read_text().split("\n\n")[0] + "\n")  # node ids only
+    for listing in (cut, tmp_path / "missing.txt"):
+        args = ["--collected", str(whole), "--collected", str(listing), "--junit", str(junit)]
+        assert _record(recorder, tmp_path, *args) is None
+        assert "nothing recorded" in capsys.readouterr().out
+    args = ["--collected", str(whole), "--junit", str(junit)]
+    assert set(_record(recorder, tmp_path, *args)) == {"quick_gelu"}
 
 
 def test_xla_files_of_the_same_name_are_not_the_ops_files(recorder, tmp_path):
@@ -189,33 +211,41 @@ def test_a_run_without_cuda_cases_records_nothing(recorder, tmp_path):
 
 
 def test_collection_and_junit_of_a_real_pytest_run_match(recorder, tmp_path):
-    """The node ids of ``pytest --collect-only -q`` and the junit of the same files name the
-    same cases (classes, parameter ids with '::', '[' and spaces, a skipped case)."""
+    """The node ids of ``pytest --collect-only -q`` and the junit of the same run name the same
+    cases (classes, parameter ids with '::', '[' and spaces, a skipped case); a deselected case
+    is not collected; a file that fails to import is a collection error in both."""
     tests = tmp_path / "tests"
     tests.mkdir()
     (tests / "test_demo.py").write_text(
         "import pytest\n\n\n"
         "@pytest.mark.parametrize('p', ['a::b', 'c[d]', 'e f', 1.5])\n"
         "def test_f(p):\n    pass\n\n\n"
+        "@pytest.mark.slow\n"
+        "def test_deselected():\n    pass\n\n\n"
         "class TestC:\n"
         "    class TestInner:\n"
         "        def test_g(self):\n            pytest.skip('x')\n"
     )
-    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    run += ["--rootdir", str(tmp_path), "-c", os.devnull, "tests"]
+    (tests / "test_broken.py").write_text("import a_module_that_is_not_there\n")
+    run = [sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    run += ["--rootdir", str(tmp_path), "-c", os.devnull, "-m", "not slow", "tests"]
     env = {**os.environ, "PYTEST_ADDOPTS": ""}
     listing = subprocess.run(
         [*run, "--collect-only"], cwd=tmp_path, capture_output=True, text=True, env=env
     )
     junit = tmp_path / "demo.xml"
-    subprocess.run([*run, "--junitxml", str(junit)], cwd=tmp_path, capture_output=True, env=env)
+    run += ["--continue-on-collection-errors", "--junitxml", str(junit)]
+    subprocess.run(run, cwd=tmp_path, capture_output=True, env=env)
     (tmp_path / "demo.txt").write_text(listing.stdout)
     collected = recorder.read_collected([tmp_path / "demo.txt"])
     outcomes = recorder.read_junit([junit])
-    assert len(collected) == 5, listing.stdout
-    assert set(collected) == set(outcomes)
-    assert set(collected.values()) == {"tests.test_demo"}
-    assert sorted(outcomes.values()) == ["passed"] * 4 + ["skipped"]
+    assert len(collected.cases) == 5, listing.stdout
+    assert collected.errors == {"tests.test_broken"}, listing.stdout
+    assert set(outcomes) == {*collected.cases, ("", "tests.test_broken")}
+    assert set(collected.cases.values()) == {"tests.test_demo"}
+    results = recorder.file_results(collected, outcomes)
+    assert results["tests.test_broken"].failed and not results["tests.test_demo"].failed
+    assert results["tests.test_demo"].ran == 5 and len(results["tests.test_demo"].passed) == 4
 
 
 def test_backend_must_be_a_whole_parameter(recorder):

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", help="the GPU's name (nvidia-smi); required")
     parser.add_argument("--commit", help="the commit of the tested tree; required")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
-    parser.add_argument("--evidence", default="gpu_check.sh suite stage (junit)")
+    parser.add_argument("--evidence", default="gpu_check.sh suite-ops (collection + junit)")
     parser.add_argument("--base", type=Path, default=verified.VERIFIED_FILE)
     parser.add_argument("--out", type=Path, default=verified.VERIFIED_FILE)
     parser.add_argument(

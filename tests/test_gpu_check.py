@@ -31,9 +31,15 @@ MAX_FILES = 8
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
+#: The script's settings from the environment: a GPU run of this file inside gpu_check.sh
+#: (suite-rest, with SUITE_OPS set for its suite-ops) must not pass them on to the runs here.
+KNOBS = {"BUDGET", "WORKERS", "SUITE_OPS", "PYTEST_ARGS", "BENCH_ARGS", "SCRATCH", "PY"}
+KNOBS |= {"GPU_CHECK_DRY_RUN", "FUSEDOPS_COMMIT"}
+
+
 def _gpu_check(*args, tmp_path, **env):
     environment = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key not in KNOBS},
         "OUT": str(tmp_path / "out"),
         "GPU_CHECK_SCRATCH": str(tmp_path / "scratch"),
         "PYTHON": sys.executable,

@@ -283,9 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_op_files:
         print("\n".join(op_test_paths()))
         return 0
-    for name in ("collected", "gpu", "commit"):
+    if not args.collected:
+        parser.error("--collected is required: without a collection nothing is recorded")
+    for name in ("gpu", "commit"):
         if not getattr(args, name):
-            parser.error(f"--{name} is required (without a collection nothing is recorded)")
+            parser.error(f"--{name} is required")
     ops.load_all()
     try:
         collection = read_collected(args.collected)

@@ -1,20 +1,28 @@
 """Write the verified-dispatch table (fusedops/kernels/verified.json) from a GPU run's junit.
 
     python benchmarks/record_verified.py --gpu "NVIDIA H100 80GB HBM3" --commit SHA \\
-        --junit OUT/junit-suite.xml [--junit OUT/junit-big.xml ...] --out OUT/verified.json
+        --collected OUT/ops.txt --junit OUT/ops.xml [--collected ... --junit ...] --out OUT/v.json
 
-Run by ``gpu_check.sh``'s suite stage on the GPU machine, from the tree that was tested (the
-source hashes are taken there). A kernel (op, backend) is recorded as verified when:
+Run by ``gpu_check.sh``'s suite stages on the GPU machine, from the tree that was tested (the
+source hashes are taken there). ``--collected`` names a file of the node ids pytest collected
+for one part of the run (``pytest --collect-only -q`` over the part's paths and markers, on
+that machine: which cases exist depends on the GPU); nothing is recorded without one. A kernel
+(op, backend) is recorded as verified when:
 
-- the op's test files (``OP_TEST_FILES``) ran in the junit results with no failure and no error
-  in any of their cases (a crash that kills a worker shows up as an error), and
+- every collected case of the op's test files (``OP_TEST_FILES``) is in the junit results,
+  passed or skipped: a file cut by a time limit is "incomplete: k of n cases ran", a file with
+  no collected case "not run";
+- none of those files' cases failed or errored (a crash that kills a worker, and a file that
+  could not be collected, show up as errors), and
 - at least one passed case of those files carries the backend in its parameter id
   (``test_x[cuda-float32]``), and at least one passed case needed CUDA (the run was on a GPU:
   ``--gpu`` names it, and a junit without CUDA cases records nothing).
 
-Entries for other kernels already in ``--base`` (default: the package's verified.json) are kept,
-so partial runs accumulate; a kernel that failed in this run loses its entry. Prints one line
-per kernel with its state.
+Entries already in ``--base`` (default: the package's verified.json) are kept for kernels this
+run did not settle (files not run, or run in part without a failure), so partial runs
+accumulate; a kernel that failed in this run loses its entry. Prints one line per kernel with
+its state. A run that collected none of the op test files (the rest of the suite) writes
+nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ OP_TEST_FILES: dict[str, tuple[str, ...]] = {
     "quick_gelu": ("test_quick_gelu",),
     "layer_norm": ("test_layer_norm", "test_layer_norm_hooks"),
     "rms_norm": ("test_layer_norm", "test_rms_norm_variants"),
-    "adam": ("test_adam",),
+    "adam": ("test_adam", "test_adam_clip"),  # _clip: the kernels' clip_coef (max_grad_norm)
     "bias_dropout_add": ("test_bias_dropout_add",),
     "window_attention": ("test_window_attention", "test_window_attention_transformers"),
     "swin_attention_softmax": ("test_swin_softmax",),
@@ -50,31 +58,140 @@ OP_TEST_FILES: dict[str, tuple[str, ...]] = {
     "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
 }
 
+#: A line of ``pytest --collect-only -q`` that is a node id: ``tests/test_x.py::test_f[p]``.
+_NODE_ID = re.compile(r"^(\S+\.py)::(.+?)\s*$")
+
+#: pytest's last line of a whole collection: "12 tests collected in 1.0s", "3/9 tests collected
+#: (6 deselected) in 1.0s", "2 tests collected, 1 error in 1.0s", "no tests collected in 1.0s".
+_COLLECTED_SUMMARY = re.compile(r"(\d+(/\d+)? tests? collected|no tests collected)\b.* in [\d.]+s")
+#: The summary's line for a file that failed to collect: "ERROR tests/test_x.py - ImportError".
+_COLLECT_ERROR = re.compile(r"^ERROR (\S+\.py)\b")
+
+#: A junit case's address: (classname, name), as pytest's junitxml writes them.
+Address = tuple[str, str]
+
+
+def op_test_paths() -> list[str]:
+    """Every file of ``OP_TEST_FILES`` once, as ``tests/<stem>.py``, in the table's order: the
+    op part of the suite (``gpu_check.sh suite-ops``; ``suite-rest`` runs the other files)."""
+    stems = dict.fromkeys(stem for stems in OP_TEST_FILES.values() for stem in stems)
+    return [f"tests/{stem}.py" for stem in stems]
+
+
+def _module(path: str) -> str:
+    """A test file's dotted module: ``tests/a/test_x.py`` -> ``tests.a.test_x``."""
+    return re.sub(r"\.py$", "", path.replace("/", "."))
+
+
+def _address(path: str, rest: str) -> Address:
+    """The junit address of node id ``path::rest`` (pytest's ``mangle_test_address``):
+    ``tests/test_x.py::TestC::f[a::b]`` -> (``tests.test_x.TestC``, ``f[a::b]``)."""
+    names, bracket, params = rest.partition("[")
+    parts = [_module(path), *names.split("::")]
+    return ".".join(parts[:-1]), parts[-1] + bracket + params
+
+
+def _module_of(classname: str, name: str) -> str:
+    """The dotted test module of a junit case that the collection does not hold: the classname
+    up to its last ``test_`` part (``tests.xla.test_x.TestC`` -> ``tests.xla.test_x``). A file
+    that failed to import has an empty classname and its module as the name."""
+    if not classname:
+        return name
+    parts = classname.split(".")
+    modules = [i for i, part in enumerate(parts) if part.startswith("test_")]
+    return ".".join(parts[: modules[-1] + 1]) if modules else classname
+
+
+@dataclass
+class Collection:
+    """What pytest collected for the parts of a run: every case's junit address -> its dotted
+    module, and the modules that failed to collect (import errors)."""
+
+    cases: dict[Address, str] = field(default_factory=dict)
+    errors: set[str] = field(default_factory=set)
+
+
+class IncompleteCollection(ValueError):
+    """A collection file without pytest's closing summary line: the listing was cut short (or
+    never written), so which cases a file has is unknown."""
+
+
+def read_collected(paths: list[Path]) -> Collection:
+    """The cases of the collection files (the output of ``pytest --collect-only -q``: node id
+    lines, ``ERROR tests/x.py`` lines for files that failed to collect, and the summary line
+    "N tests collected ..." that pytest prints once the listing is whole; other lines are
+    ignored). Raises ``IncompleteCollection`` for a file that is missing or has no summary."""
+    collection = Collection()
+    for path in paths:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError as error:
+            raise IncompleteCollection(f"collection {path} unreadable ({error})") from error
+        if not any(_COLLECTED_SUMMARY.search(line) for line in lines):
+            raise IncompleteCollection(f"collection {path} has no summary line (cut short?)")
+        for line in lines:
+            match = _NODE_ID.match(line)
+            if match:
+                collection.cases[_address(match[1], match[2])] = _module(match[1])
+            elif match := _COLLECT_ERROR.match(line):
+                collection.errors.add(_module(match[1]))
+    return collection
+
+
+def read_junit(paths: list[Path]) -> dict[Address, str]:
+    """Every junit case's address -> "passed", "skipped" or "failed" (a failure or an error;
+    a case in several files keeps its worst outcome). A file that is missing or cut short (a
+    part killed before pytest wrote it) adds nothing: its cases count as not run."""
+    outcomes: dict[Address, str] = {}
+    rank = {"passed": 0, "skipped": 1, "failed": 2}
+    for path in paths:
+        if not path.exists():
+            print(f"no junit {path} (its part skipped or killed): its cases count as not run")
+            continue
+        try:
+            cases = list(ET.parse(path).getroot().iter("testcase"))
+        except ET.ParseError as error:
+            print(f"junit {path} unreadable ({error}): its cases count as not run")
+            continue
+        for case in cases:
+            tags = {child.tag for child in case}
+            outcome = "failed" if tags & {"failure", "error"} else "passed"
+            if outcome == "passed" and "skipped" in tags:
+                outcome = "skipped"
+            address = (case.get("classname") or "", case.get("name") or "")
+            if rank[outcome] >= rank[outcomes.get(address, "passed")]:
+                outcomes[address] = outcome
+    return outcomes
+
 
 @dataclass
 class FileResult:
-    """Outcomes of one test file's cases: passed case names, and failed/errored ones."""
+    """One test module's cases in this run: how many were collected and how many of those ran
+    (passed or skipped); the names of passed cases and of failed/errored ones."""
 
+    collected: int = 0
+    ran: int = 0
     passed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
 
-def read_junit(paths: list[Path]) -> dict[str, FileResult]:
-    """Test-file stem -> its cases' outcomes, over every junit file (skipped cases ignored)."""
+def file_results(collection: Collection, outcomes: dict[Address, str]) -> dict[str, FileResult]:
+    """Dotted test module -> its cases' outcomes: the collection says which cases the module
+    has (a module that failed to collect counts as failed), the junit which of them ran and how."""
     results: dict[str, FileResult] = {}
-    for path in paths:
-        for case in ET.parse(path).getroot().iter("testcase"):
-            stem = case.get("classname", "").split(".")[-1]
-            if not stem.startswith("test_"):
-                # classname "tests.test_x.TestClass": the module is the last test_ component
-                parts = [p for p in case.get("classname", "").split(".") if p.startswith("test_")]
-                stem = parts[-1] if parts else stem
-            outcome = results.setdefault(stem, FileResult())
-            tags = {child.tag for child in case}
-            if tags & {"failure", "error"}:
-                outcome.failed.append(case.get("name", ""))
-            elif "skipped" not in tags:
-                outcome.passed.append(case.get("name", ""))
+    for address, module in collection.cases.items():
+        result = results.setdefault(module, FileResult())
+        result.collected += 1
+        result.ran += address in outcomes
+    for module in sorted(collection.errors):
+        results.setdefault(module, FileResult()).failed.append("(collection error)")
+    for (classname, name), outcome in outcomes.items():
+        module = collection.cases.get((classname, name)) or _module_of(classname, name)
+        result = results.setdefault(module, FileResult())
+        if outcome == "failed":
+            result.failed.append(name)
+        elif outcome == "passed":
+            result.passed.append(name)
     return results
 
 
@@ -85,20 +202,25 @@ def _mentions(name: str, backend: str) -> bool:
 
 
 def verdicts(results: dict[str, FileResult]) -> dict[tuple[str, str], str]:
-    """(op, backend) -> "verified" or why not, from the junit outcomes."""
+    """(op, backend) -> "verified" or why not, from the per-module outcomes (``file_results``);
+    "not run ..." and "incomplete ..." leave an earlier entry as it is."""
     out = {}
     ran_cuda = any(_mentions(n, "cuda") for r in results.values() for n in r.passed)
     for op, stems in OP_TEST_FILES.items():
+        files = {stem: results.get(f"tests.{stem}", FileResult()) for stem in stems}
+        failed = [n for f in files.values() for n in f.failed]
+        missing = [stem for stem, f in files.items() if f.collected == 0]
+        partial = [
+            f"{stem} {f.ran} of {f.collected}" for stem, f in files.items() if f.ran < f.collected
+        ]
         for backend in dispatch.KERNEL_BACKENDS:
-            files = [results[s] for s in stems if s in results]
-            failed = [n for f in files for n in f.failed]
-            passed = [n for f in files for n in f.passed if _mentions(n, backend)]
-            if len(files) < len(stems):
-                out[op, backend] = (
-                    "not run (" + ", ".join(s for s in stems if s not in results) + ")"
-                )
-            elif failed:
+            passed = [n for f in files.values() for n in f.passed if _mentions(n, backend)]
+            if failed:
                 out[op, backend] = f"{len(failed)} failed, e.g. {failed[0]}"
+            elif missing:
+                out[op, backend] = f"not run ({', '.join(missing)})"
+            elif partial:
+                out[op, backend] = f"incomplete: {', '.join(partial)} cases ran"
             elif not ran_cuda:
                 out[op, backend] = "no CUDA case passed in this run (not a GPU run?)"
             elif not passed:
@@ -111,7 +233,9 @@ def verdicts(results: dict[str, FileResult]) -> dict[tuple[str, str], str]:
 def record(
     table: dict, found: dict[tuple[str, str], str], gpu: str, commit: str, date: str, evidence: str
 ) -> dict:
-    """``table`` (op -> backend -> entry) updated with this run's verdicts."""
+    """``table`` (op -> backend -> entry) updated with this run's verdicts: a verified kernel
+    gets a new entry, a failed one (or one without a passed case) loses its entry, and one whose
+    files did not run or ran only in part keeps what it had."""
     registered = dispatch.registered_ops()
     for (op, backend), verdict in found.items():
         module = {"triton": registered[op].triton_module, "cuda": registered[op].cuda_module}[
@@ -127,24 +251,57 @@ def record(
                 "commit": commit,
                 "evidence": evidence,
             }
-        elif not verdict.startswith("not run"):
+        elif not verdict.startswith(("not run", "incomplete")):
             table.get(op, {}).pop(backend, None)
     return {op: backends for op, backends in sorted(table.items()) if backends}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--junit", action="append", type=Path, required=True)
-    parser.add_argument("--gpu", required=True, help="the GPU's name (nvidia-smi)")
-    parser.add_argument("--commit", required=True, help="the commit of the tested tree")
+    parser.add_argument(
+        "--collected",
+        action="append",
+        type=Path,
+        default=[],
+        help="a part's node ids (pytest --collect-only -q); repeat per part; required",
+    )
+    parser.add_argument(
+        "--junit", action="append", type=Path, default=[], help="a part's junit XML; repeat"
+    )
+    parser.add_argument("--gpu", help="the GPU's name (nvidia-smi); required")
+    parser.add_argument("--commit", help="the commit of the tested tree; required")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
-    parser.add_argument("--evidence", default="gpu_check.sh suite stage (junit)")
+    parser.add_argument("--evidence", default="gpu_check.sh suite-ops (collection + junit)")
     parser.add_argument("--base", type=Path, default=verified.VERIFIED_FILE)
     parser.add_argument("--out", type=Path, default=verified.VERIFIED_FILE)
+    parser.add_argument(
+        "--list-op-files",
+        action="store_true",
+        help="print the op test files (tests/x.py, one a line) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.list_op_files:
+        print("\n".join(op_test_paths()))
+        return 0
+    if not args.collected:
+        parser.error("--collected is required: without a collection nothing is recorded")
+    for name in ("gpu", "commit"):
+        if not getattr(args, name):
+            parser.error(f"--{name} is required")
     ops.load_all()
+    try:
+        collection = read_collected(args.collected)
+    except IncompleteCollection as error:
+        print(f"{error}: nothing recorded, {args.out} not written")
+        return 0
+    tested = set(collection.cases.values()) | collection.errors
+    if not any(f"tests.{stem}" in tested for stems in OP_TEST_FILES.values() for stem in stems):
+        print(
+            f"no op test file was collected in this run: nothing recorded, {args.out} not written"
+        )
+        return 0
     base = json.loads(args.base.read_text()) if args.base.exists() else {}
-    found = verdicts(read_junit(args.junit))
+    found = verdicts(file_results(collection, read_junit(args.junit)))
     for (op, backend), verdict in sorted(found.items()):
         print(f"{op:24s} {backend:7s} {verdict}")
     table = record(base.get("kernels", {}), found, args.gpu, args.commit, args.date, args.evidence)

@@ -1,14 +1,20 @@
 """benchmarks/gpu_check.sh's logic that runs without a GPU: the stage list and its time limits
-(``--dry-run``), the suite / bench-brief / sanitizer stages' commands, the packing of every
-output into at most 8 files under $OUT, and the benchmarks' ``--quick`` flag."""
+(``--dry-run``), the suite / test / bench-brief / sanitizer stages' commands, a suite stage run
+for real with a stand-in pytest (a part cut short verifies nothing), the test stage's junit when
+its limit cuts it, the live failure lines, the packing of every output into at most 8 files
+under $OUT, and the benchmarks' ``--quick`` flag."""
 
+import json
 import os
 import re
 import runpy
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -25,9 +31,15 @@ MAX_FILES = 8
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
+#: The script's settings from the environment: a GPU run of this file inside gpu_check.sh
+#: (suite-rest, with SUITE_OPS set for its suite-ops) must not pass them on to the runs here.
+KNOBS = {"BUDGET", "WORKERS", "SUITE_OPS", "PYTEST_ARGS", "BENCH_ARGS", "SCRATCH", "PY"}
+KNOBS |= {"GPU_CHECK_DRY_RUN", "FUSEDOPS_COMMIT"}
+
+
 def _gpu_check(*args, tmp_path, **env):
     environment = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if key not in KNOBS},
         "OUT": str(tmp_path / "out"),
         "GPU_CHECK_SCRATCH": str(tmp_path / "scratch"),
         "PYTHON": sys.executable,
@@ -48,19 +60,38 @@ def _stage_limits(stdout: str) -> dict:
     return {m[0]: int(m[1]) for m in re.findall(r"^=== (\S+) \(limit (\d+)s\)", stdout, re.M)}
 
 
-def test_dry_run_shows_the_three_calls_within_the_budget(tmp_path):
+def _planned_calls() -> list[tuple[dict, list[str]]]:
+    """The device calls of the script's header: (environment, stages) each."""
+    header = SCRIPT.read_text().replace("\\\n#          ", "")  # continued lines joined
+    calls = []
+    for line in re.findall(r"^#   call \d: export OUT; (.+)$", header, re.M):
+        words = shlex.split(line)
+        env = dict(w.split("=", 1) for w in words[: words.index("bash")])
+        assert words[words.index("bash") + 1] == "benchmarks/gpu_check.sh", line
+        calls.append((env, words[words.index("bash") + 2 :]))
+    return calls
+
+
+def test_dry_run_shows_the_four_calls_within_the_budget(tmp_path):
     """Each call of the plan in the script's header: every stage known, each limit capped so
-    that the stages of one call fit its budget, nothing run and nothing written."""
-    header = SCRIPT.read_text()
-    calls = re.findall(r"^#   call \d: export OUT; (?:WORKERS=\d+ )?bash \S+ (.+)$", header, re.M)
-    assert len(calls) == 3
-    for call in calls:
-        done = _gpu_check("--dry-run", *call.split(), tmp_path=tmp_path, BUDGET="590")
+    that the stages of one call fit its budget, nothing run and nothing written; the suite
+    stages of calls 1 and 2 run every op test file once between them."""
+    calls = _planned_calls()
+    assert len(calls) == 4
+    suites = [[s.split(":")[0] for s in stages if s.startswith("suite")] for _, stages in calls]
+    assert suites[:2] == [["suite-ops"], ["suite-ops", "suite-rest"]] and not any(suites[2:])
+    selected = []
+    for env, stages in calls:
+        done = _gpu_check("--dry-run", *stages, tmp_path=tmp_path, BUDGET="590", **env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "failed stages: none" in done.stdout
         limits = _stage_limits(done.stdout)
-        assert list(limits) == [spec.split(":")[0] for spec in call.split()]
+        assert list(limits) == [spec.split(":")[0] for spec in stages]
         assert all(0 < seconds <= 590 - 15 for seconds in limits.values()), limits
+        selected += re.findall(r"^SUITE_OPS='[^']*': (.+)$", done.stdout, re.M)
+    assert len(selected) == 2
+    first, second = (set(files.split()) for files in selected)
+    assert first | second == set(_op_files()) and not first & second
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -76,34 +107,222 @@ def test_dry_run_caps_limits_by_the_budget_and_names_bad_stages(tmp_path):
     assert "failed stages: bogus bench-nope info" in done.stdout
 
 
-def test_suite_runs_bias_dropout_add_first_in_one_worker_then_the_rest(tmp_path):
-    done = _gpu_check("--dry-run", "suite:570", tmp_path=tmp_path, WORKERS="12")
-    pytest_lines = [line for line in done.stdout.splitlines() if " -m pytest " in line]
-    # big_memory parts where pyproject.toml registers the marker (--strict-markers refuses -m
-    # with an unknown one), else the rest of the suite in one part
+def _op_files() -> list[str]:
+    listed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "record_verified.py"), "--list-op-files"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+def _suite_plan(stdout: str):
+    """A dry run's suite parts: (collection args, run line) per part, and record_verified's
+    line. A part's pytest arguments are what follows the collection's fixed options and the
+    run's junit path."""
+    lines = stdout.splitlines()
+    collect = [
+        line.split("-p no:cacheprovider ", 1)[1] for line in lines if "--collect-only" in line
+    ]
+    runs = [line for line in lines if " -m pytest " in line and "--collect-only" not in line]
+    record = [line for line in lines if "record_verified.py --gpu" in line]
+    return collect, runs, record
+
+
+def _run_args(line: str) -> str:
+    return re.split(r"--junitxml \S+ ", line, maxsplit=1)[1]
+
+
+def test_suite_ops_runs_bias_dropout_add_first_then_the_op_files_each_part_collected(tmp_path):
+    done = _gpu_check("--dry-run", "suite-ops:570", tmp_path=tmp_path, WORKERS="12")
+    assert done.returncode == 0, done.stdout + done.stderr
+    collect, runs, record = _suite_plan(done.stdout)
+    # a big_memory part where pyproject.toml registers the marker (--strict-markers refuses -m
+    # with an unknown one), else the op files in one part
     registered = "big_memory:" in (ROOT / "pyproject.toml").read_text()
-    assert len(pytest_lines) == 2 + registered, done.stdout
-    first, main = pytest_lines[:2]
+    assert len(runs) == 2 + registered == len(collect), done.stdout
+    first, ops = runs[0], runs[-1]  # the long part last: it gets the time that is left
     assert "-n 1 " in first and first.endswith("tests/test_bias_dropout_add.py")
-    assert "-n 12 " in main and "--ignore tests/test_bias_dropout_add.py" in main
+    others = [f for f in _op_files() if f != "tests/test_bias_dropout_add.py"]
+    assert "-n 12 " in ops and ops.endswith(" ".join(others))
+    assert "tests/test_bias_dropout_add.py" not in ops and " tests " not in ops
     if registered:
-        assert "not\\ big_memory" in main
-        assert "-n 1 " in pytest_lines[2] and "-m big_memory" in pytest_lines[2]
+        assert "not\\ big_memory" in ops
+        assert "-n 1 " in runs[1] and "-m big_memory" in runs[1] and runs[1].endswith(others[-1])
     else:
-        assert "big_memory" not in main and "no big_memory marker registered" in done.stdout
-    junits = [re.search(r"--junitxml (\S+)", line)[1] for line in pytest_lines]
+        assert "big_memory" not in ops and "no big_memory marker registered" in done.stdout
+    # each part collected with its own arguments, all before the first part runs
+    assert collect == [_run_args(line) for line in runs]
+    assert done.stdout.index("--collect-only") < done.stdout.index(runs[0])
+    junits = [re.search(r"--junitxml (\S+)", line)[1] for line in runs]
     assert len(set(junits)) == len(junits)
     assert all(j.startswith(str(tmp_path / "scratch")) for j in junits)
-    assert all("faulthandler_timeout" in line for line in pytest_lines)
-    limits = [int(re.search(r"timeout -s INT -k 20 (\d+)", line)[1]) for line in pytest_lines]
+    assert all("faulthandler_timeout" in line and "-p tests.live_failures" in line for line in runs)
+    limits = [int(re.search(r"timeout -s INT -k 20 (\d+)", line)[1]) for line in runs]
     assert all(seconds <= 570 for seconds in limits)
-    # verified.json from the junit files when record_verified.py exists, else a warning
-    if (ROOT / "benchmarks" / "record_verified.py").exists():
-        record = next(line for line in done.stdout.splitlines() if "record_verified.py" in line)
-        assert record.count("--junit ") == 3 and "--commit " in record
-        assert f"--out {tmp_path / 'out' / 'verified.json'}" in record
-    else:
-        assert "record_verified.py is missing" in done.stdout
+    # verified.json from every part's collection and junit
+    (line,) = record
+    assert re.findall(r"--junit (\S+)", line) == junits
+    collections = re.findall(r"--collected (\S+)", line)
+    assert len(collections) == len(junits) and "--commit " in line
+    assert all(c.startswith(str(tmp_path / "scratch" / "collected")) for c in collections)
+    assert f"--out {tmp_path / 'out' / 'verified.json'}" in line
+
+
+def test_suite_ops_runs_only_the_op_files_asked_for(tmp_path):
+    """SUITE_OPS: glob patterns of the op files to run (the files a cut run left incomplete,
+    say), "-pattern" of those to leave out; no other file runs."""
+
+    def plan(selection):
+        done = _gpu_check("--dry-run", "suite-ops:300", tmp_path=tmp_path, SUITE_OPS=selection)
+        return done, _suite_plan(done.stdout)[1]
+
+    done, runs = plan("tests/test_nms.py tests/test_window_p*")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert runs and all(
+        line.endswith("tests/test_window_process.py tests/test_nms.py") for line in runs
+    )
+    assert "bias_dropout_add" not in done.stdout.split("record_verified.py")[0]
+    done, runs = plan("-tests/test_*norm* -tests/test_window_* tests/test_*a*")
+    ran = {word for line in runs for word in line.split() if word.startswith("tests/")}
+    everything = set(_op_files())
+    left_out = {f for f in everything if "norm" in f or "window_" in f or "a" not in f[6:]}
+    assert ran == everything - left_out and "tests/test_adam.py" in ran
+    done, runs = plan("tests/test_hooks.py")
+    assert done.returncode != 0 and not runs and "selects none of the op test files" in done.stdout
+
+
+def test_suite_rest_runs_every_other_test_file(tmp_path):
+    done = _gpu_check("--dry-run", "suite-rest:570", tmp_path=tmp_path, WORKERS="12")
+    assert done.returncode == 0, done.stdout + done.stderr
+    collect, runs, record = _suite_plan(done.stdout)
+    assert "-n 12 " in runs[0] and runs[0].endswith(" tests")
+    assert re.findall(r"--ignore (\S+)", runs[0]) == _op_files()
+    assert collect == [_run_args(line) for line in runs]
+    assert len(record) == 1 and record[0].count("--collected ") == len(runs)
+
+
+def test_the_old_suite_stage_names_its_replacements(tmp_path):
+    done = _gpu_check("--dry-run", "suite:570", tmp_path=tmp_path)
+    assert done.returncode != 0 and "suite-ops, suite-rest" in done.stdout
+
+
+def test_test_stage_writes_a_junit_and_stops_pytest_before_its_limit(tmp_path):
+    done = _gpu_check(
+        "--dry-run", "test:200", tmp_path=tmp_path, WORKERS="3", PYTEST_ARGS="tests/test_a.py -k x"
+    )
+    (line,) = [line for line in done.stdout.splitlines() if " -m pytest " in line]
+    assert re.search(r"timeout -s INT -k 20 185 ", line)
+    assert f"--junitxml {tmp_path / 'scratch' / 'junit' / 'test.xml'}" in line
+    assert "-p tests.live_failures" in line and "-n 3 " in line
+    assert line.endswith("tests/test_a.py -k x")
+
+
+#: A stand-in for the machine's python in a real run of a suite stage: record_verified.py runs
+#: for real; ``pytest --markers``/``--collect-only`` print what pytest would for the files given
+#: (two cases per file, cuda and triton; the big_memory cases: test_window_process's); a run
+#: writes the junit of its cases, except the part named in CUT_PART, which (as if its time limit
+#: cut it) writes the cases of its first file only.
+STAND_IN = """\
+    import os, sys
+    args = sys.argv[1:]
+    if args[0].endswith("record_verified.py"):
+        os.execv(REAL, [REAL, *args])
+    if "--markers" in args:
+        sys.exit(print("@pytest.mark.big_memory: needs memory"))
+    big = "big_memory" in args and "not big_memory" not in args
+    files = [a for i, a in enumerate(args) if a.endswith(".py") and args[i - 1] != "--ignore"]
+    if big:
+        files = [f for f in files if f.endswith("test_window_process.py")]
+    cases = [(f, "test_big" if big else "test_x", b) for f in files for b in ("cuda", "triton")]
+    if "--collect-only" in args:
+        for f, name, b in cases:
+            print(f"{f}::{name}[{b}]")
+        sys.exit(print(f"\\n{len(cases)} tests collected in 0.01s") or (0 if cases else 5))
+    junit = args[args.index("--junitxml") + 1]
+    if os.path.basename(junit) == os.environ.get("CUT_PART", "") + ".xml":
+        cases = [c for c in cases if c[0] == files[0]]
+    rows = "".join(
+        f'<testcase classname="{f[:-3].replace("/", ".")}" name="{name}[{b}]"/>'
+        for f, name, b in cases
+    )
+    with open(junit, "w") as out:
+        out.write(f"<testsuites><testsuite>{rows}</testsuite></testsuites>")
+"""
+
+
+def test_suite_ops_run_records_only_the_files_whose_every_case_ran(tmp_path):
+    """suite-ops run for real on the stand-in: the ops part is cut after its first file
+    (test_quick_gelu), so quick_gelu is verified and the kernels of every other op file stay
+    out of verified.json (the window ops too, whose big_memory cases ran in full)."""
+    stand_in = tmp_path / "python"
+    body = textwrap.dedent(STAND_IN).replace("REAL", repr(sys.executable))
+    stand_in.write_text(f"#!{sys.executable}\n{body}")
+    stand_in.chmod(0o755)
+    done = _gpu_check(
+        "suite-ops:300", tmp_path=tmp_path, PYTHON=str(stand_in), CUT_PART="ops", WORKERS="2"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert re.search(r"--- collected ops: \d+ cases \(exit 0\)", log), log
+    assert "incomplete: test_window_process 2 of 4 cases ran" in log
+    table = json.loads((tmp_path / "out" / "verified.json").read_text())["kernels"]
+    assert set(table) == {"quick_gelu", "bias_dropout_add"}, table
+    assert set(table["quick_gelu"]) == {"cuda", "triton"}
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"gpu-check/collected/ops.txt", "gpu-check/junit/ops.xml"} <= names
+
+
+def test_a_test_stage_cut_by_its_limit_still_brings_back_its_junit(tmp_path):
+    """The stage's pytest gets SIGINT before the stage's own limit (which would SIGTERM it,
+    and pytest writes no junit then): the stand-in writes its junit on SIGINT."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import signal, sys, time\n"
+        "junit = sys.argv[sys.argv.index('--junitxml') + 1]\n"
+        "def stop(*_):\n"
+        "    open(junit, 'w').write('<testsuites/>')\n"
+        "    sys.exit(2)\n"
+        "signal.signal(signal.SIGINT, stop)\n"
+        "print('running', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    stand_in.chmod(0o755)
+    done = _gpu_check("test:18", tmp_path=tmp_path, PYTHON=str(stand_in))
+    assert done.returncode != 0
+    assert re.search(r"=== test: exit 124 in \d+s", done.stdout), done.stdout  # timeout's
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
+        assert "gpu-check/junit/test.xml" in tar.getnames()
+
+
+def test_failures_are_named_while_the_run_goes_on(tmp_path):
+    """tests/live_failures.py: a failure and a setup error are in the output before the
+    process dies without pytest's summary (as a run killed by its limit does)."""
+    test_file = tmp_path / "test_live.py"
+    test_file.write_text(
+        "import os, signal, pytest\n\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('setup broke')\n\n\n"
+        "def test_fails():\n    assert 1 == 2, 'one is not two'\n\n\n"
+        "def test_setup(broken):\n    pass\n\n\n"
+        "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    run += ["-p", "tests.live_failures", "-c", os.devnull, "--rootdir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_ADDOPTS": ""}
+    done = subprocess.run(
+        [*run, str(test_file)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if "(live)" in line]
+    assert len(lines) == 2, done.stdout
+    assert lines[0].startswith("FAILED (live) test_live.py::test_fails - ")
+    assert "test_live.py:10: AssertionError: one is not two" in lines[0]
+    assert lines[1].startswith("ERROR (live) test_live.py::test_setup (at setup) - ")
+    assert "RuntimeError: setup broke" in lines[1]
+    assert "short test summary" not in done.stdout
 
 
 def test_bench_brief_runs_every_bench_script_quick_within_its_limit(tmp_path):

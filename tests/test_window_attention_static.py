@@ -36,8 +36,9 @@ def _key(launch) -> str:
 
 def test_every_launch_is_in_the_table_within_the_limit(table):
     """Each distinct launch for N = 1..256, d in {16, 32, 64, 128}, fp32/fp16/bf16 (forward,
-    backward, dq; the short-window forward and backward) was compiled for sm_90 from the current kernel source and takes at most
-    SHARED_LIMIT bytes of shared memory (an H100 block may take 232,448)."""
+    backward, dq; the short-window forward and backward) was compiled for sm_90 from the current
+    kernel source and takes at most SHARED_LIMIT bytes of shared memory (an H100 block may take
+    232,448)."""
     assert table["source_hash"] == _static.source_hash(kernels), f"kernels changed: {REGENERATE}"
     assert table["arch"] == 90
     assert triton_static.SHARED_LIMIT < _static.H100_SHARED_BYTES

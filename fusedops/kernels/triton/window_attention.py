@@ -34,9 +34,10 @@ copy the launcher pads to (block, block) with -inf (aligned loads, few registers
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
-Grids (blocked kernels): windows * heads (or heads) on dim 0, which takes up to 2^31 - 1 programs (Swin-B stage 1
-at batch 256 has 65536 window-heads); dims 1 and 2, capped at 65535 by CUDA, carry the query /
-key blocks (at most 16) and the window groups (at most 65535, ``device.groups_to_fill``).
+Grids (blocked kernels): windows * heads (or heads) on dim 0, which takes up to 2^31 - 1
+programs (Swin-B stage 1 at batch 256 has 65536 window-heads); dims 1 and 2, capped at 65535
+by CUDA, carry the query / key blocks (at most 16) and the window groups (at most 65535,
+``device.groups_to_fill``).
 """
 
 from __future__ import annotations

@@ -157,25 +157,39 @@ def stubbed_triton_launches():
         InterpretedFunction.run = original
 
 
-def per_call_us(fns: list, calls: int, repeats: int) -> list[float]:
-    """Median microseconds per call of each function, blocks of ``calls`` calls interleaved."""
-    for fn in fns:
-        for _ in range(10):
-            fn()
+def per_call_us(fns: list, calls: int, repeats: int, contexts: list | None = None) -> list[float]:
+    """Median microseconds per call of each function, blocks of ``calls`` calls interleaved;
+    ``contexts[i]`` (a context-manager factory, or None) is entered around each block of
+    ``fns[i]`` (outside the timed calls)."""
+    contexts = contexts or [None] * len(fns)
+    blocks = [(fn, context or contextlib.nullcontext) for fn, context in zip(fns, contexts)]
+    for fn, context in blocks:
+        with context():
+            for _ in range(10):
+                fn()
     samples = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - start) / calls * 1e6)
+        for (fn, context), times in zip(blocks, samples):
+            with context():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times.append((time.perf_counter() - start) / calls * 1e6)
     return [statistics.median(times) for times in samples]
 
 
-def cpu_main(calls: int, repeats: int) -> int:
-    """Print and write the CPU table: torch, fusedops native, fusedops Triton host code."""
+@contextlib.contextmanager
+def _triton_host_only():
+    """The Triton backend forced, its launches stubbed out."""
     import fusedops
 
+    with stubbed_triton_launches(), fusedops.use_backend("triton"):
+        yield
+
+
+def cpu_main(calls: int, repeats: int, only: list[str] | None = None) -> int:
+    """Print and write the CPU table: torch, fusedops native (the automatic pick), fusedops
+    Triton host code; ``only``: row-name prefixes to keep (None: every op)."""
     torch.set_num_threads(1)  # host code is one thread; tiny ops gain nothing from a second
     rows = []
     print(
@@ -184,17 +198,23 @@ def cpu_main(calls: int, repeats: int) -> int:
     )
     print(f"{'op':40s} {'torch':>8s} {'native':>8s} {'triton host':>12s} {'+us':>7s}")
     for name, build in tiny_cases().items():
+        if only and not any(name.startswith(prefix) for prefix in only):
+            continue
         native, theirs = build()
-        with stubbed_triton_launches(), fusedops.use_backend("triton"):
+        with _triton_host_only():
             triton_host, _ = build()
-            torch_us, native_us, triton_us = per_call_us(
-                [theirs, native, triton_host], calls, repeats
-            )
+        # native outside the forced backend (its automatic pick), the Triton path inside
+        torch_us, native_us, triton_us = per_call_us(
+            [theirs, native, triton_host], calls, repeats, [None, None, _triton_host_only]
+        )
         extra = triton_us - torch_us
         print(f"{name:40s} {torch_us:8.1f} {native_us:8.1f} {triton_us:12.1f} {extra:+7.1f}")
         rows.append(
             [name, f"{torch_us:.1f}", f"{native_us:.1f}", f"{triton_us:.1f}", f"{extra:.1f}"]
         )
+    if only:
+        print(f"--only: {RESULTS.name} not rewritten (it holds every op)")
+        return 0
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with RESULTS.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -223,9 +243,13 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="every op's host code, no GPU")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--only", default="", help="--cpu: comma-separated row-name prefixes (e.g. window_)"
+    )
     args = parser.parse_args()
     if args.cpu:
-        sys.exit(cpu_main(args.calls, args.repeats))
+        only = [prefix for prefix in args.only.split(",") if prefix]
+        sys.exit(cpu_main(args.calls, args.repeats, only or None))
     require_cuda("overhead")
     build.ensure_built()
     for dtype in (torch.bfloat16, torch.float32):

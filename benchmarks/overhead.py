@@ -38,6 +38,10 @@ import torch
 import torch.nn.functional as F
 from common import require_cuda
 
+# This checkout's fusedops, not an installed one (an editable install of another checkout would
+# otherwise be imported first, by main(), and measured instead).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu-overhead.csv"
 
 
@@ -201,11 +205,14 @@ def cpu_main(calls: int, repeats: int, only: list[str] | None = None, clock: str
     """Print and write the CPU table: torch, fusedops native (the automatic pick), fusedops
     Triton host code; ``only``: row-name prefixes to keep (None: every op); ``clock``: a key of
     ``CLOCKS``."""
+    import fusedops
+
     torch.set_num_threads(1)  # host code is one thread; tiny ops gain nothing from a second
     rows = []
     print(
         f"Host time per fwd+bwd call ({clock} clock), CPU, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; median of {repeats} blocks of {calls} calls"
+        f"torch {torch.__version__}; median of {repeats} blocks of {calls} calls; "
+        f"fusedops from {Path(fusedops.__file__).parent}"
     )
     print(f"{'op':40s} {'torch':>8s} {'native':>8s} {'triton host':>12s} {'+us':>7s}")
     for name, build in tiny_cases().items():

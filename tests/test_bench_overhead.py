@@ -96,3 +96,16 @@ def test_cpu_main_times_native_outside_the_triton_context(tmp_path, monkeypatch)
     monkeypatch.setattr(overhead, "per_call_us", per_call_us)
     assert overhead.cpu_main(calls=1, repeats=1, only=["window_reverse"]) == 0
     assert asked == [[None, None, overhead._triton_host_only]]
+
+
+def test_script_measures_this_checkout(tmp_path):
+    """Run as a script from elsewhere, it imports this checkout's fusedops (not an installed
+    one, which main() would otherwise import first)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "benchmarks" / "overhead.py"), "--cpu"]
+    command += ["--only", "window_reverse", "--calls", "1", "--repeats", "1"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"fusedops from {root / 'fusedops'}" in done.stdout, done.stdout

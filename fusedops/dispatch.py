@@ -312,6 +312,8 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
             refused.append(f"{candidate}: {'; '.join(reasons)}")
         if unverified:
             _warn_unverified(name, unverified)
+    if op.unsupported_reasons is None:  # native has no limits of its own: input_reasons' answer
+        return "native"
     reasons = input_reasons(op, "native", tensors)
     if not reasons:
         return "native"

@@ -247,9 +247,10 @@ def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list
     reasons = install_reasons(op, backend)
     main = tensors[0]
     if backend in KERNEL_BACKENDS:
-        if backend == "cuda" and main.device.type != "cuda":
+        # is_cuda, not device.type == "cuda": torch.device.type costs microseconds a call
+        if backend == "cuda" and not main.is_cuda:
             reasons.append(f"input is on {main.device.type}, the CUDA kernel needs a CUDA tensor")
-        if backend == "triton" and main.device.type != "cuda" and not triton_interpreter():
+        if backend == "triton" and not main.is_cuda and not triton_interpreter():
             reasons.append(
                 f"input is on {main.device.type}; triton needs a CUDA tensor "
                 "(or TRITON_INTERPRET=1 for the CPU interpreter)"
@@ -297,7 +298,7 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
             )
         return choice
     refused: list[str] = []
-    if tensors[0].device.type == "cuda":
+    if tensors[0].is_cuda:
         unverified: list[str] = []
         for candidate in op.preference:
             reasons = install_reasons(op, candidate)

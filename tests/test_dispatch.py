@@ -15,8 +15,8 @@ fusedops.ops.load_all()
 
 
 def _cuda_input(dtype=torch.float32):
-    """What dispatch reads of a tensor (device, dtype), standing in for a CUDA tensor."""
-    return SimpleNamespace(device=torch.device("cuda"), dtype=dtype)
+    """What dispatch reads of a tensor (device, is_cuda, dtype), standing in for a CUDA tensor."""
+    return SimpleNamespace(device=torch.device("cuda"), is_cuda=True, dtype=dtype)
 
 
 def test_cpu_tensor_goes_to_native(monkeypatch):

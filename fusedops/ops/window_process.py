@@ -294,11 +294,11 @@ def _own(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 
 def _native_partition(x, wh: int, ww: int, sh: int, sw: int) -> torch.Tensor:
     """The native path in eager mode: roll, view, permute, one copy (torch's autograd)."""
-    batch, height, width, channels = x.shape
-    if _mod(sh, height) or _mod(sw, width):
+    batch, height, width, channels = x.shape  # height, width >= 1 (checked)
+    if sh % height or sw % width:
         x = torch.roll(x, (sh, sw), dims=(1, 2))
     grid = x.view(batch, height // wh, wh, width // ww, ww, channels).permute(0, 1, 3, 2, 4, 5)
-    return grid.reshape(partition_shape(x, wh, ww))
+    return grid.reshape(batch * (height // wh) * (width // ww), wh, ww, channels)
 
 
 def _native_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int, sw: int):
@@ -307,4 +307,5 @@ def _native_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int,
     batch, channels = shape[0], shape[-1]
     grid = windows.view(batch, height // wh, width // ww, wh, ww, channels)
     out = grid.permute(0, 1, 3, 2, 4, 5).reshape(shape)
-    return torch.roll(out, (sh, sw), dims=(1, 2)) if (_mod(sh, height) or _mod(sw, width)) else out
+    # height, width >= 1 (checked)
+    return torch.roll(out, (sh, sw), dims=(1, 2)) if (sh % height or sw % width) else out

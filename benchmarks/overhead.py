@@ -10,7 +10,9 @@ pick on CPU), and the Triton path with its kernel launches stubbed out (``triton
 interpreter ``run`` does nothing), which leaves exactly the host code fusedops adds around a
 kernel: argument checks, dispatch, the autograd.Function, output allocation, launch-argument
 preparation (not Triton's own launcher, which a GPU run measures). The goal (issue 25): each
-within 5 us of the torch code. Writes ``results/cpu-overhead.csv``.
+within 5 us of the torch code. Writes ``results/cpu-overhead.csv``. Timed by this thread's CPU
+time by default (``--clock wall`` for wall time): on a shared machine that leaves out the waits
+for a core. ``--only window_,layer`` keeps the rows starting so (the CSV is then left alone).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from common import require_cuda
+
+# This checkout's fusedops, not an installed one (an editable install of another checkout would
+# otherwise be imported first, by main(), and measured instead).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu-overhead.csv"
 
@@ -157,44 +163,76 @@ def stubbed_triton_launches():
         InterpretedFunction.run = original
 
 
-def per_call_us(fns: list, calls: int, repeats: int) -> list[float]:
-    """Median microseconds per call of each function, blocks of ``calls`` calls interleaved."""
-    for fn in fns:
-        for _ in range(10):
-            fn()
+#: Clocks for the CPU table: "cpu" (this thread's CPU time: on a shared, loaded machine it
+#: leaves out the time the thread waits for a core, which wall time counts) or "wall".
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def per_call_us(
+    fns: list, calls: int, repeats: int, contexts: list | None = None, clock: str = "wall"
+) -> list[float]:
+    """Median microseconds per call of each function, blocks of ``calls`` calls interleaved;
+    ``contexts[i]`` (a context-manager factory, or None) is entered around each block of
+    ``fns[i]`` (outside the timed calls); ``clock``: a key of ``CLOCKS``."""
+    now = CLOCKS[clock]
+    contexts = contexts or [None] * len(fns)
+    blocks = [(fn, context or contextlib.nullcontext) for fn, context in zip(fns, contexts)]
+    for fn, context in blocks:
+        with context():
+            for _ in range(10):
+                fn()
     samples = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, times in zip(fns, samples):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - start) / calls * 1e6)
+        for (fn, context), times in zip(blocks, samples):
+            with context():
+                start = now()
+                for _ in range(calls):
+                    fn()
+                times.append((now() - start) / calls * 1e6)
     return [statistics.median(times) for times in samples]
 
 
-def cpu_main(calls: int, repeats: int) -> int:
-    """Print and write the CPU table: torch, fusedops native, fusedops Triton host code."""
+@contextlib.contextmanager
+def _triton_host_only():
+    """The Triton backend forced, its launches stubbed out."""
+    import fusedops
+
+    with stubbed_triton_launches(), fusedops.use_backend("triton"):
+        yield
+
+
+def cpu_main(calls: int, repeats: int, only: list[str] | None = None, clock: str = "cpu") -> int:
+    """Print and write the CPU table: torch, fusedops native (the automatic pick), fusedops
+    Triton host code; ``only``: row-name prefixes to keep (None: every op); ``clock``: a key of
+    ``CLOCKS``."""
     import fusedops
 
     torch.set_num_threads(1)  # host code is one thread; tiny ops gain nothing from a second
     rows = []
     print(
-        f"Host time per fwd+bwd call, CPU, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}; median of {repeats} blocks of {calls} calls"
+        f"Host time per fwd+bwd call ({clock} clock), CPU, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; median of {repeats} blocks of {calls} calls; "
+        f"fusedops from {Path(fusedops.__file__).parent}"
     )
     print(f"{'op':40s} {'torch':>8s} {'native':>8s} {'triton host':>12s} {'+us':>7s}")
     for name, build in tiny_cases().items():
+        if only and not any(name.startswith(prefix) for prefix in only):
+            continue
         native, theirs = build()
-        with stubbed_triton_launches(), fusedops.use_backend("triton"):
+        with _triton_host_only():
             triton_host, _ = build()
-            torch_us, native_us, triton_us = per_call_us(
-                [theirs, native, triton_host], calls, repeats
-            )
+        # native outside the forced backend (its automatic pick), the Triton path inside
+        torch_us, native_us, triton_us = per_call_us(
+            [theirs, native, triton_host], calls, repeats, [None, None, _triton_host_only], clock
+        )
         extra = triton_us - torch_us
         print(f"{name:40s} {torch_us:8.1f} {native_us:8.1f} {triton_us:12.1f} {extra:+7.1f}")
         rows.append(
             [name, f"{torch_us:.1f}", f"{native_us:.1f}", f"{triton_us:.1f}", f"{extra:.1f}"]
         )
+    if only:
+        print(f"--only: {RESULTS.name} not rewritten (it holds every op)")
+        return 0
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with RESULTS.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -208,10 +246,11 @@ def cpu_main(calls: int, repeats: int) -> int:
                 "extra_us",
                 "threads",
                 "torch",
+                "clock",
             ]
         )
         for row in rows:
-            writer.writerow([stamp, *row, torch.get_num_threads(), torch.__version__])
+            writer.writerow([stamp, *row, torch.get_num_threads(), torch.__version__, clock])
     print(f"wrote {RESULTS}")
     return 0
 
@@ -223,9 +262,19 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="every op's host code, no GPU")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--only", default="", help="--cpu: comma-separated row-name prefixes (e.g. window_)"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="cpu",
+        help="--cpu: this thread's CPU time (default; steady on a shared machine) or wall time",
+    )
     args = parser.parse_args()
     if args.cpu:
-        sys.exit(cpu_main(args.calls, args.repeats))
+        only = [prefix for prefix in args.only.split(",") if prefix]
+        sys.exit(cpu_main(args.calls, args.repeats, only or None, args.clock))
     require_cuda("overhead")
     build.ensure_built()
     for dtype in (torch.bfloat16, torch.float32):

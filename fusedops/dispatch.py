@@ -35,6 +35,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -121,6 +122,25 @@ def _validate_name(backend: str, source: str) -> str:
     return backend
 
 
+_ENVIRON = os.environ
+# On POSIX os.environ keeps its values, encoded, in this dict (every assignment, ``del`` and
+# monkeypatch.setenv go through it); elsewhere, None.
+_ENVIRON_DATA = getattr(_ENVIRON, "_data", None) if os.name == "posix" else None
+_ENV_ENCODING = sys.getfilesystemencoding()
+
+
+def getenv(name: str, default: str) -> str:
+    """``os.environ.get(name, default)`` without its per-call Python frames (Mapping.get,
+    __getitem__, key encoding, value decoding: about 2 us, and dispatch reads the environment on
+    every call). Falls back to ``os.environ.get`` where os.environ has no such dict or has been
+    replaced."""
+    data = _ENVIRON_DATA
+    if type(data) is not dict or os.environ is not _ENVIRON:
+        return os.environ.get(name, default)
+    value = data.get(name.encode(_ENV_ENCODING, "surrogateescape"))
+    return default if value is None else value.decode(_ENV_ENCODING, "surrogateescape")
+
+
 def requested(backend: str | None = None) -> str | None:
     """The explicit backend choice in force: ``backend``, else use_backend, else the env var."""
     if backend is not None:
@@ -128,7 +148,7 @@ def requested(backend: str | None = None) -> str | None:
     forced = _forced_backend.get()
     if forced is not None:
         return forced
-    env = os.environ.get("FUSEDOPS_BACKEND", "").strip()
+    env = getenv("FUSEDOPS_BACKEND", "").strip()
     return _validate_name(env, "FUSEDOPS_BACKEND") if env else None
 
 
@@ -146,7 +166,7 @@ def use_backend(backend: str | None) -> Iterator[None]:
 
 def triton_interpreter() -> bool:
     """True when Triton runs in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return getenv("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache
@@ -165,7 +185,7 @@ def _cuda_missing() -> str | None:
 def allow_unverified() -> bool:
     """True when ``FUSEDOPS_UNVERIFIED=1`` lets kernels not verified on a GPU be picked
     automatically."""
-    return os.environ.get("FUSEDOPS_UNVERIFIED", "0").strip() == "1"
+    return getenv("FUSEDOPS_UNVERIFIED", "0").strip() == "1"
 
 
 def _kernel_module(op: Op, backend: str) -> str | None:
@@ -227,9 +247,10 @@ def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list
     reasons = install_reasons(op, backend)
     main = tensors[0]
     if backend in KERNEL_BACKENDS:
-        if backend == "cuda" and main.device.type != "cuda":
+        # is_cuda, not device.type == "cuda": torch.device.type costs microseconds a call
+        if backend == "cuda" and not main.is_cuda:
             reasons.append(f"input is on {main.device.type}, the CUDA kernel needs a CUDA tensor")
-        if backend == "triton" and main.device.type != "cuda" and not triton_interpreter():
+        if backend == "triton" and not main.is_cuda and not triton_interpreter():
             reasons.append(
                 f"input is on {main.device.type}; triton needs a CUDA tensor "
                 "(or TRITON_INTERPRET=1 for the CPU interpreter)"
@@ -277,7 +298,7 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
             )
         return choice
     refused: list[str] = []
-    if tensors[0].device.type == "cuda":
+    if tensors[0].is_cuda:
         unverified: list[str] = []
         for candidate in op.preference:
             reasons = install_reasons(op, candidate)
@@ -292,6 +313,8 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
             refused.append(f"{candidate}: {'; '.join(reasons)}")
         if unverified:
             _warn_unverified(name, unverified)
+    if op.unsupported_reasons is None:  # native has no limits of its own: input_reasons' answer
+        return "native"
     reasons = input_reasons(op, "native", tensors)
     if not reasons:
         return "native"

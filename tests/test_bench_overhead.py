@@ -58,3 +58,54 @@ def test_cpu_table_has_every_op(tmp_path, monkeypatch):
         "swin_attention_softmax", "window_partition_roll", "window_reverse_roll",
     }  # fmt: skip
     assert all(float(row["triton_host_us"]) > 0 for row in rows)
+
+
+def test_only_keeps_those_rows_and_leaves_the_csv(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(overhead, "RESULTS", tmp_path / "cpu-overhead.csv")
+    threads = torch.get_num_threads()
+    try:
+        assert overhead.cpu_main(calls=1, repeats=1, only=["window_partition"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "window_partition_roll" in out and "layer_norm" not in out
+    assert not (tmp_path / "cpu-overhead.csv").exists()
+
+
+@pytest.mark.parametrize("clock", sorted(overhead.CLOCKS))
+def test_each_block_runs_in_its_own_context(clock):
+    """The native column runs outside the forced Triton backend, the Triton column inside."""
+    from fusedops import dispatch
+
+    seen: dict[str, set] = {"native": set(), "triton": set()}
+    fns = [lambda column=column: seen[column].add(dispatch.requested()) for column in seen]
+    times = overhead.per_call_us(fns, 2, 3, [None, overhead._triton_host_only], clock)
+    assert seen == {"native": {None}, "triton": {"triton"}}
+    assert all(t >= 0 for t in times)
+
+
+def test_cpu_main_times_native_outside_the_triton_context(tmp_path, monkeypatch):
+    """Columns torch, native, Triton host: only the last one under the forced, stubbed backend."""
+    monkeypatch.setattr(overhead, "RESULTS", tmp_path / "cpu-overhead.csv")
+    asked = []
+
+    def per_call_us(fns, calls, repeats, contexts=None, clock="wall"):
+        asked.append(contexts)
+        return [1.0] * len(fns)
+
+    monkeypatch.setattr(overhead, "per_call_us", per_call_us)
+    assert overhead.cpu_main(calls=1, repeats=1, only=["window_reverse"]) == 0
+    assert asked == [[None, None, overhead._triton_host_only]]
+
+
+def test_script_measures_this_checkout(tmp_path):
+    """Run as a script from elsewhere, it imports this checkout's fusedops (not an installed
+    one, which main() would otherwise import first)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "benchmarks" / "overhead.py"), "--cpu"]
+    command += ["--only", "window_reverse", "--calls", "1", "--repeats", "1"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"fusedops from {root / 'fusedops'}" in done.stdout, done.stdout

@@ -15,8 +15,8 @@ fusedops.ops.load_all()
 
 
 def _cuda_input(dtype=torch.float32):
-    """What dispatch reads of a tensor (device, dtype), standing in for a CUDA tensor."""
-    return SimpleNamespace(device=torch.device("cuda"), dtype=dtype)
+    """What dispatch reads of a tensor (device, is_cuda, dtype), standing in for a CUDA tensor."""
+    return SimpleNamespace(device=torch.device("cuda"), is_cuda=True, dtype=dtype)
 
 
 def test_cpu_tensor_goes_to_native(monkeypatch):
@@ -246,3 +246,23 @@ def test_automatic_pick_cases_run_on_this_device(monkeypatch):
         chosen = dispatch.last_used[name]
         assert chosen == "native" or dispatch.gpu_verified(name, chosen), (name, chosen)
         assert_close(out, call("reference"), msg=name)
+
+
+def test_getenv_follows_os_environ(monkeypatch):
+    """dispatch.getenv (its fast read) sees every change made through os.environ, and
+    os.environ.get's answer where os.environ itself has been replaced."""
+    import os
+    import random
+
+    name = f"FUSEDOPS_TEST_GETENV_{random.getrandbits(32)}"
+    monkeypatch.delenv(name, raising=False)
+    assert dispatch.getenv(name, "unset") == "unset"
+    value = f"value-{random.getrandbits(32)}-\u00e9"
+    monkeypatch.setenv(name, value)
+    assert dispatch.getenv(name, "unset") == value == os.environ[name]
+    os.environ[name] = "direct"
+    assert dispatch.getenv(name, "unset") == "direct"
+    del os.environ[name]
+    assert dispatch.getenv(name, "unset") == "unset"
+    monkeypatch.setattr(os, "environ", {name: "replaced"})
+    assert dispatch.getenv(name, "unset") == "replaced"

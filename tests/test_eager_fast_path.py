@@ -36,3 +36,39 @@ def test_jit_trace_records_the_custom_ops_and_the_trace_saves():
     buffer.seek(0)
     loaded = torch.jit.load(buffer)
     assert_close(loaded(x), block(x).double())
+
+
+def test_fast_path_is_off_under_modes_transforms_and_tracing():
+    """eager_fast_path: True in plain eager mode only; False under a dispatch mode (fake
+    tensors, profilers...), a torch-function mode, a functorch transform and jit tracing, where
+    the ops must be their custom ops."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fusedops.ops._eager import eager_fast_path
+
+    x = random_tensor((3, 2), torch.float32, "cpu")
+    assert eager_fast_path(x)
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Function(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Dispatch():
+        assert not eager_fast_path(x)
+    with Function():
+        assert not eager_fast_path(x)
+    seen = []
+
+    def record(t):
+        seen.append(eager_fast_path())
+        return t * 2
+
+    torch.func.vmap(record)(x)
+    torch.jit.trace(record, x, check_trace=False)
+    assert seen == [False, False]
+    assert eager_fast_path(x)

@@ -260,13 +260,12 @@ def _function(forward, backward, setup, grads, reshape) -> dict:
         setup(ctx, args, output)
         return output
 
-    @once_differentiable
-    def function_backward(ctx, *grad_outputs):
+    def body(ctx, *grad_outputs):
         return _per_input(ctx, grads(ctx, backward, *grad_outputs))
 
     return {
         "forward": staticmethod(function_forward),
-        "backward": staticmethod(function_backward),
+        "backward": staticmethod(_once_differentiable(body)),
     }
 
 
@@ -286,16 +285,31 @@ def _reshaping_function(forward, backward, setup, grads, reshape) -> dict:
         # autograd
         return torch.ops.aten._unsafe_view(output[0], args[0].shape)
 
-    @once_differentiable
-    def function_backward(ctx, grad):
+    def body(ctx, grad):
         grad_outputs = (grad.reshape(ctx.body_shape),) + (None,) * (ctx.outputs - 1)
         result = _per_input(ctx, grads(ctx, backward, *grad_outputs))
         return tuple(g if g is None else g.view(s) for g, s in zip(result, ctx.shapes))
 
     return {
         "forward": staticmethod(function_forward),
-        "backward": staticmethod(function_backward),
+        "backward": staticmethod(_once_differentiable(body)),
     }
+
+
+def _once_differentiable(body: Callable) -> Callable:
+    """``once_differentiable(body)`` without its per-call cost where it changes nothing: the
+    autograd engine runs a backward with grad mode off unless ``create_graph=True``, and then
+    torch's wrapper adds only a ``no_grad`` block around a body already running without grad.
+    With grad mode on (``create_graph=True``) torch's wrapper runs: the body without grad and
+    outputs that raise if differentiated again."""
+    wrapped = once_differentiable(body)
+
+    def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():
+            return wrapped(ctx, *grad_outputs)
+        return body(ctx, *grad_outputs)
+
+    return backward
 
 
 def _camel(name: str) -> str:

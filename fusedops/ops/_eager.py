@@ -19,7 +19,12 @@ direction runs Python per call beyond the argument checks.
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch._C import (
+    _are_functorch_transforms_active,
+    _is_torch_function_mode_enabled,
+    _is_tracing,
+    _len_torch_dispatch_stack,
+)
 
 #: Tensor types that are not subclasses (the fast paths take these only).
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -27,13 +32,16 @@ PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 def eager_fast_path(*tensors: torch.Tensor | None) -> bool:
     """True when the op may call its autograd.Function directly instead of the custom op."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+    # torch._C's checks directly, where torch's Python helpers add frames per call:
+    # jit.is_tracing() is _is_tracing() outside TorchScript, _get_current_dispatch_mode() is
+    # None when the dispatch-mode stack is empty
+    if torch.compiler.is_compiling() or _is_tracing():
         return False
     for t in tensors:
         if t is not None and type(t) not in PLAIN_TENSOR_TYPES:
             return False
     return (
-        _get_current_dispatch_mode() is None
-        and not torch._C._is_torch_function_mode_enabled()
-        and not torch._C._are_functorch_transforms_active()
+        not _len_torch_dispatch_stack()
+        and not _is_torch_function_mode_enabled()
+        and not _are_functorch_transforms_active()
     )

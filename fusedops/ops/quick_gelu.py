@@ -78,8 +78,10 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """
     check_tensor(x, "x")
     x = x.contiguous()
-    if eager_fast_path(x) and dispatch.pick("quick_gelu", x, backend=backend) == "native":
-        # torch ops differentiated by torch's autograd: the QuickGELU classes' own code (in a
-        # 16-bit x's dtype, rounding after each op as they do; fp32/fp64 as the reference)
-        return x * torch.sigmoid(ALPHA * x)
+    if eager_fast_path(x):  # plain eager: what QUICK_GELU(...) would check again
+        if dispatch.pick("quick_gelu", x, backend=backend) == "native":
+            # torch ops differentiated by torch's autograd: the QuickGELU classes' own code (in
+            # a 16-bit x's dtype, rounding after each op as they do; fp32/fp64 as the reference)
+            return x * torch.sigmoid(ALPHA * x)
+        return QUICK_GELU.function.apply(x, backend)
     return QUICK_GELU(x, backend)

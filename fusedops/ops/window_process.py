@@ -197,6 +197,10 @@ def _int(value, name: str) -> int:
 
 def _pair(value, name: str, *, positive: bool) -> tuple[int, int]:
     """An int or a pair of ints as (h, w); TypeError/ValueError naming ``name``."""
+    if type(value) is int:  # the common case, without the general checks' calls
+        if positive and value < 1:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+        return (value, value)
     pair = (value, value) if isinstance(value, (int, torch.SymInt)) else value
     if not isinstance(pair, (tuple, list, torch.Size)) or len(pair) != 2:
         raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
@@ -208,6 +212,8 @@ def _pair(value, name: str, *, positive: bool) -> tuple[int, int]:
 
 def _check_divisible(what: str, height: int, width: int, window: tuple[int, int]) -> None:
     """H and W (of ``what``) must be positive multiples of the window."""
+    if height >= 1 and width >= 1 and not height % window[0] and not width % window[1]:
+        return
     for axis, size, win in (("height", height, window[0]), ("width", width, window[1])):
         if size < 1:
             raise ValueError(f"{what}: {axis} must be at least 1, got {size}")
@@ -240,11 +246,10 @@ def window_partition_roll(
     shifts = _pair(shift, "shift", positive=False)
     _check_divisible("x", x.shape[1], x.shape[2], window)
     x = x.contiguous()
-    if (
-        eager_fast_path(x)
-        and dispatch.pick("window_partition_roll", x, backend=backend) == "native"
-    ):
-        return _own(_native_partition(x, *window, *shifts), x)
+    if eager_fast_path(x):  # plain eager: what WINDOW_PARTITION_ROLL(...) would check again
+        if dispatch.pick("window_partition_roll", x, backend=backend) == "native":
+            return _own(_native_partition(x, *window, *shifts), x)
+        return WINDOW_PARTITION_ROLL.function.apply(x, *window, *shifts, backend)
     return WINDOW_PARTITION_ROLL(x, *window, *shifts, backend)
 
 
@@ -275,11 +280,10 @@ def window_reverse_roll(
             f"of one {size[0]}x{size[1]} map"
         )
     windows = windows.contiguous()
-    if (
-        eager_fast_path(windows)
-        and dispatch.pick("window_reverse_roll", windows, backend=backend) == "native"
-    ):
-        return _own(_native_reverse(windows, *window, *size, *shifts), windows)
+    if eager_fast_path(windows):  # as in window_partition_roll
+        if dispatch.pick("window_reverse_roll", windows, backend=backend) == "native":
+            return _own(_native_reverse(windows, *window, *size, *shifts), windows)
+        return WINDOW_REVERSE_ROLL.function.apply(windows, *window, *size, *shifts, backend)
     return WINDOW_REVERSE_ROLL(windows, *window, *size, *shifts, backend)
 
 
@@ -290,11 +294,11 @@ def _own(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 
 def _native_partition(x, wh: int, ww: int, sh: int, sw: int) -> torch.Tensor:
     """The native path in eager mode: roll, view, permute, one copy (torch's autograd)."""
-    batch, height, width, channels = x.shape
-    if _mod(sh, height) or _mod(sw, width):
+    batch, height, width, channels = x.shape  # height, width >= 1 (checked)
+    if sh % height or sw % width:
         x = torch.roll(x, (sh, sw), dims=(1, 2))
     grid = x.view(batch, height // wh, wh, width // ww, ww, channels).permute(0, 1, 3, 2, 4, 5)
-    return grid.reshape(partition_shape(x, wh, ww))
+    return grid.reshape(batch * (height // wh) * (width // ww), wh, ww, channels)
 
 
 def _native_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int, sw: int):
@@ -303,4 +307,5 @@ def _native_reverse(windows, wh: int, ww: int, height: int, width: int, sh: int,
     batch, channels = shape[0], shape[-1]
     grid = windows.view(batch, height // wh, width // ww, wh, ww, channels)
     out = grid.permute(0, 1, 3, 2, 4, 5).reshape(shape)
-    return torch.roll(out, (sh, sw), dims=(1, 2)) if (_mod(sh, height) or _mod(sw, width)) else out
+    # height, width >= 1 (checked)
+    return torch.roll(out, (sh, sw), dims=(1, 2)) if (sh % height or sw % width) else out

@@ -1,10 +1,11 @@
 // Swin window gathers: cyclic shift + window partition, and window reverse + cyclic shift, each
-// one pass. A group of threads_per_row threads copies one pixel row of C channels from the
-// source pixel it comes from, 16 bytes at a time where the row size and both pointers allow it
-// (the copy is dtype-agnostic: only the element size matters). The source pixel is computed once
-// per row with multiply-high divisions (32-bit while there are fewer than 2^31 rows, 64-bit
-// division beyond); element offsets are 64-bit. The batch is folded into the row index of a
-// grid-stride loop, so there is no grid-dimension cap on it; launched on the caller's stream.
+// one pass. A group of threads_per_row threads (one per vector of the row up to 32, not rounded
+// up to a power of two) copies one pixel row of C channels from the source pixel it comes from,
+// 16 bytes at a time where the row size and both pointers allow it (the copy is dtype-agnostic:
+// only the element size matters). The source pixel is computed once per row with multiply-high
+// divisions (32-bit while there are fewer than 2^31 rows, 64-bit division beyond); element
+// offsets are 64-bit. The batch is folded into the row index of a grid-stride loop, so there is
+// no grid-dimension cap on it; launched on the caller's stream.
 #include <cstdint>
 
 #include "device.cuh"
@@ -77,21 +78,33 @@ Geometry<Divider> make_geometry(int64_t height, int64_t width, int64_t window_h,
           Divider(windows_h), Divider(windows_w)};
 }
 
+// Threads per pixel row of `vecs` vectors (vecs >= 1): one per vector up to a warp's 32; past
+// that, the count <= 32 that spreads the vectors evenly over the fewest passes (48: 24 threads x
+// 2, not 32 threads idle for half the second pass). Not a power of two in general (C = 96 fp32 is
+// 24 16-byte vectors: 24 threads, where rounding up to 32 left 25% of the lanes idle).
+int threads_for_row(int64_t vecs) {
+  if (vecs <= 32) return static_cast<int>(vecs);
+  const int64_t passes = (vecs + 31) / 32;
+  return static_cast<int>((vecs + passes - 1) / passes);
+}
+
 template <typename V, typename Divider>
 cudaError_t launch(const void* src, void* dst, int64_t rows, int64_t row_bytes,
                    const Geometry<Divider>& g, bool reverse, cudaStream_t stream) {
   const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
-  int threads_per_row = 1;
-  while (threads_per_row < vecs && threads_per_row < 32) threads_per_row *= 2;
-  const unsigned int blocks = grid_blocks(rows * threads_per_row, kThreads);
+  const int threads_per_row = threads_for_row(vecs);
+  // A whole number of row groups per block: the kernel's lane (threadIdx.x % threads_per_row)
+  // and row (global thread / threads_per_row) then agree, and the grid stride is exact.
+  const int threads = kThreads - kThreads % threads_per_row;
+  const unsigned int blocks = grid_blocks(rows * threads_per_row, threads);
   const V* s = static_cast<const V*>(src);
   V* d = static_cast<V*>(dst);
   if (reverse) {
-    window_gather_kernel<V, true><<<blocks, kThreads, 0, stream>>>(s, d, rows, vecs,
-                                                                    threads_per_row, g);
+    window_gather_kernel<V, true><<<blocks, threads, 0, stream>>>(s, d, rows, vecs,
+                                                                   threads_per_row, g);
   } else {
-    window_gather_kernel<V, false><<<blocks, kThreads, 0, stream>>>(s, d, rows, vecs,
-                                                                     threads_per_row, g);
+    window_gather_kernel<V, false><<<blocks, threads, 0, stream>>>(s, d, rows, vecs,
+                                                                    threads_per_row, g);
   }
   return cudaGetLastError();
 }

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from fusedops import _alloc
 from fusedops.kernels.shared import philox
+from fusedops.kernels.shared.launch import cdiv, next_power_of_2
 from fusedops.kernels.triton.layer_norm import _column_sum, _max_programs
 
 #: Elements per tile (BLOCK_M * BLOCK_N4 * 4) and the widest tile row (columns) of rows with a
@@ -113,10 +114,10 @@ def _launch(src, bias, residual, out, seed, p: float, rows: int, width: int, red
     column sums when ``reduce``."""
     mode = philox.dropout_mode(p, seed is not None)
     widest = MAX_BLOCK_N if rows > 1 else TILE_ELEMENTS
-    block_n4 = max(1, min(widest, triton.next_power_of_2(width)) // 4)
-    block_m = max(1, min(TILE_ELEMENTS // (4 * block_n4), triton.next_power_of_2(rows)))
-    column_blocks = triton.cdiv(width, 4 * block_n4)
-    groups = min(triton.cdiv(rows, block_m), MAX_GROUPS)
+    block_n4 = max(1, min(widest, next_power_of_2(width)) // 4)
+    block_m = max(1, min(TILE_ELEMENTS // (4 * block_n4), next_power_of_2(rows)))
+    column_blocks = cdiv(width, 4 * block_n4)
+    groups = min(cdiv(rows, block_m), MAX_GROUPS)
     partial = src  # a dummy pointer where nothing is reduced (never touched)
     if reduce:
         groups = max(1, min(groups, _max_programs(src.device) // column_blocks))

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from fusedops.kernels import deform_conv2d_host as host
+from fusedops.kernels.shared.launch import cdiv
 
 BLOCK = 128
 BLOCK_C = 16
@@ -175,7 +176,7 @@ def _sizes(geo: host.Geometry) -> tuple:
 
 
 def _columns(cols, input, offset, mask, geo):
-    grid = (triton.cdiv(geo.samples, BLOCK),)
+    grid = (cdiv(geo.samples, BLOCK),)
     _columns_kernel[grid](
         cols, input, offset, offset if mask is None else mask, *_sizes(geo),
         HAS_MASK=mask is not None, BLOCK=BLOCK,
@@ -186,7 +187,7 @@ def _sample_grads(
     grad_cols, input, offset, mask, geo, grad_offset, grad_mask, grad_input, keys, coefs
 ):
     atomic = grad_input is not None
-    grid = (triton.cdiv(geo.samples, BLOCK),)
+    grid = (cdiv(geo.samples, BLOCK),)
     _sample_grads_kernel[grid](
         grad_cols, input, offset, offset if mask is None else mask, grad_offset,
         grad_offset if grad_mask is None else grad_mask,
@@ -199,7 +200,7 @@ def _sample_grads(
 def _segment_gather(grad_cols, order, coefs, starts, grad_input, geo):
     cg = geo.group_channels
     segments = geo.batch * geo.offset_groups * geo.height * geo.width
-    grid = (segments, triton.cdiv(cg, BLOCK_C))
+    grid = (segments, cdiv(cg, BLOCK_C))
     _segment_gather_kernel[grid](
         grad_cols, order, coefs, starts, grad_input, geo.batch, geo.channels, cg,
         geo.offset_groups, geo.height * geo.width, geo.points, geo.pixels, BLOCK_C=BLOCK_C,

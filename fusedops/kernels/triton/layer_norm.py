@@ -32,6 +32,7 @@ import triton.language as tl
 
 from fusedops import _alloc
 from fusedops.kernels.device import programs_to_fill
+from fusedops.kernels.shared.launch import cdiv, next_power_of_2
 
 #: Rows up to this length are held in registers; longer rows take the looped path. Read at
 #: every call, so tests lower it to check the looped path with small N. The forward holds one
@@ -348,7 +349,7 @@ def _column_sum_kernel(partial_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_
 
 def _register_tile(N: int, backward: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the register path for rows of N elements."""
-    block_n = triton.next_power_of_2(N)
+    block_n = next_power_of_2(N)
     block_m = max(1, min(16, TILE_ELEMENTS // block_n))
     num_warps = max(1, min(MAX_WARPS, block_m * block_n // 256))
     if block_n > 8192:
@@ -367,9 +368,9 @@ def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Sum of ``partial`` (P, N) fp32 over its rows, in a fixed order, as a (N,) ``dtype``."""
     P, N = partial.shape
     out = _alloc.empty((N,), dtype=dtype, device=partial.device)
-    block_p = min(32, triton.next_power_of_2(P))
-    block_n = min(max(128, TILE_ELEMENTS // block_p), triton.next_power_of_2(N))
-    grid = (triton.cdiv(N, block_n),)
+    block_p = min(32, next_power_of_2(P))
+    block_n = min(max(128, TILE_ELEMENTS // block_p), next_power_of_2(N))
+    grid = (cdiv(N, block_n),)
     _column_sum_kernel[grid](partial, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
     return out
 
@@ -392,7 +393,7 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=
     m = mean if not rms else rstd
     if MAX_FUSED_N_FORWARD >= N:
         block_m, block_n, warps = _register_tile(N)
-        grid = (triton.cdiv(M, block_m),)
+        grid = (cdiv(M, block_m),)
         _forward_rows_kernel[grid](
             x,
             w,
@@ -432,7 +433,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     m = mean if not rms else rstd
     if N <= MAX_FUSED_N:
         block_m, block_n, warps = _register_tile(N, backward=True)
-        tiles = triton.cdiv(M, block_m)
+        tiles = cdiv(M, block_m)
         programs = min(tiles, _max_programs(x.device))
     else:
         programs = min(M, _max_programs(x.device))
@@ -452,7 +453,7 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
             HAS_WEIGHT=has_weight, RMS=rms, BLOCK_N=LOOP_BLOCK_N, num_warps=8,
         )  # fmt: skip
         block_n = min(LOOP_BLOCK_N, 1024)
-        grid = (triton.cdiv(N, block_n), programs)
+        grid = (cdiv(N, block_n), programs)
         _backward_columns_kernel[grid](
             dy, x, w, m, rstd, coeffs, dx, dw_partial, db_partial, M, N,
             BLOCK_N=block_n, num_warps=4, **flags, **rounding,

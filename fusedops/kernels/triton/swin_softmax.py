@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
+from fusedops.kernels.shared.launch import cdiv, next_power_of_2
 from fusedops.kernels.shared.swin_chunks import backward_chunks
 
 TILE = 2048  # scores per program
@@ -94,7 +95,7 @@ def _backward_kernel(
 
 
 def _blocks(n: int) -> tuple[int, int]:
-    block_n = triton.next_power_of_2(max(n, 1))
+    block_n = next_power_of_2(max(n, 1))
     return max(1, min(64, TILE // block_n)), block_n
 
 
@@ -104,7 +105,7 @@ def forward(attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None) -
     out = _alloc.empty_like(attn)
     windows, heads, n = attn.shape[0], attn.shape[1], attn.shape[-1]
     block_r, block_n = _blocks(n)
-    row_blocks = triton.cdiv(heads * n, block_r)
+    row_blocks = cdiv(heads * n, block_r)
     _forward_kernel[(windows * row_blocks,)](
         attn, bias, mask if mask is not None else bias, out, heads * n, row_blocks,
         mask.shape[0] if mask is not None else 1,
@@ -119,9 +120,9 @@ def backward(grad: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, tor
     d_attn = _alloc.empty_like(probs)
     windows, heads, n = probs.shape[0], probs.shape[1], probs.shape[-1]
     block_r, block_n = _blocks(n)
-    row_groups = triton.cdiv(heads * n, block_r)
+    row_groups = cdiv(heads * n, block_r)
     chunks = backward_chunks(windows, row_groups, probs.device)
-    per_chunk = triton.cdiv(windows, chunks)
+    per_chunk = cdiv(windows, chunks)
     partial = _alloc.empty((chunks, heads, n, n), dtype=torch.float32, device=probs.device)
     _backward_kernel[(row_groups, chunks)](
         grad, probs, d_attn, partial, windows, per_chunk, n, heads * n,

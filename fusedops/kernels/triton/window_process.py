@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc
+from fusedops.kernels.shared.launch import cdiv, next_power_of_2
 from fusedops.kernels.shared.window_geometry import partition_shape, reverse_shape
 
 TILE = 4096  # elements per program
@@ -66,12 +67,12 @@ def _gather(src, dst, windows, height, width, wh, ww, sh, sw, reverse: bool) -> 
     channels = dst.shape[-1]
     if windows == 0 or channels == 0:
         return dst
-    block_p = triton.next_power_of_2(wh * ww)
-    block_c = min(triton.next_power_of_2(channels), max(16, TILE // block_p))
+    block_p = next_power_of_2(wh * ww)
+    block_c = min(next_power_of_2(channels), max(16, TILE // block_p))
     if reverse:  # the map pixel a window pixel goes to is shifted the other way
         sh, sw = (height - sh) % height, (width - sw) % width
     # windows on dim 0 (up to 2^31 - 1); channel blocks on dim 1 (<= 65535: C up to ~1M)
-    grid = (windows, triton.cdiv(channels, block_c))
+    grid = (windows, cdiv(channels, block_c))
     _window_gather_kernel[grid](
         src, dst, channels, height, width, sh, sw,
         WINDOW_H=wh, WINDOW_W=ww, REVERSE=reverse, BLOCK_P=block_p, BLOCK_C=block_c,

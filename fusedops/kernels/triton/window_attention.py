@@ -102,6 +102,31 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _tf32_round(x):
+    """fp32 tile x rounded to TF32 (11 significant bits), to nearest with ties away from zero
+    (PTX's cvt.rna.tf32.f32, written in integer operations so the CPU interpreter runs it)."""
+    return ((x.to(tl.int32, bitcast=True) + 0x1000) & -8192).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tf32_split(x):
+    """(hi, lo) of an fp32 tile as Triton's ``"tf32x3"`` splits it: hi = x rounded to TF32,
+    lo = x - hi rounded to TF32 (|lo| <= 2^-11 |x|; an infinite x gives a NaN lo)."""
+    hi = _tf32_round(x)
+    return hi, _tf32_round(x - hi)
+
+
+@triton.jit
+def _dot_split(a_hi, a_lo, b_hi, b_lo):
+    """``a @ b`` (fp32) from split operands (``_tf32_split``) in three TF32 products, the small
+    ones first, ``a_lo b_lo`` left out: Triton's ``"tf32x3"`` (each term within about 2^-21
+    of its fp32 value) with each operand split once however many products take it."""
+    acc = tl.dot(a_lo, b_hi, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
 def _scores(
     q,
     k,
@@ -570,33 +595,70 @@ def _short_backward_kernel(
     cols_d = tl.arange(0, D)
     # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
     # window (held in registers it costs 32 more per thread, and spills)
-    offsets = rows[:, None] * BLOCK + rows[None, :]
+    table_base = table_ptr + (w * H + h) * BLOCK * BLOCK
     dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
     for image in range(first, tl.minimum(first + per_program, images)):
         z64 = tl.cast(image, tl.int64) * num_masks + w
         zh = z64 * H + h
-        q = _load_rows(q_ptr + z64 * sqz + h * sqh, rows, sqn, N, D)
-        k = _load_rows(k_ptr + z64 * skz + h * skh, rows, skn, N, D)
-        v = _load_rows(v_ptr + z64 * svz + h * svh, rows, svn, N, D)
-        do = _load_rows(do_ptr + z64 * sdz + h * sdh, rows, sdn, N, D)
+        q_base = q_ptr + z64 * sqz + h * sqh
+        k_base = k_ptr + z64 * skz + h * skh
+        do_base = do_ptr + z64 * sdz + h * sdh
+        v_base = v_ptr + z64 * svz + h * svh
         lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
-        s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
-        s += tl.load(table_ptr + (w * H + h) * BLOCK * BLOCK + offsets)  # L1-resident
-        p = tl.exp(s - lse[:, None])
-        dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
-        # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
-        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-        if BIAS_GRAD:
-            dbias += ds
-        ds = ds.to(q.dtype)
-        dq = _dot(ds, k, PRECISION, UPCAST) * scale
-        dk = _dot(tl.trans(ds), q, PRECISION, UPCAST) * scale
         out = (zh * N + rows)[:, None] * D + cols_d[None, :]
         row_ok = (rows < N)[:, None]
-        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+        # Fewer tiles live at once: each input loaded where it is used (again where used
+        # twice: L1-resident), each gradient stored as soon as it is made.
+        if PRECISION == "tf32x3":
+            # fp32 products as three TF32 ones from operands split here (Triton's own
+            # "tf32x3" splits per product, ds twice: 1,668 B/thread of spills on sm_90 and
+            # 28,548 B on sm_80 at N = 49, d = 32 with Triton 3.9); do, q and k re-read and
+            # split again where a second product takes them rather than held
+            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+            s = _dot_split(q_hi, q_lo, tl.trans(k_hi), tl.trans(k_lo)) * scale
+            p = tl.exp(
+                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
+            )
+            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+            p_hi, p_lo = _tf32_split(tl.trans(p))
+            dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
+            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+            v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
+            dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
+        else:
+            q = _load_rows(q_base, rows, sqn, N, D)
+            k = _load_rows(k_base, rows, skn, N, D)
+            s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+            p = tl.exp(
+                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
+            )
+            do = _load_rows(do_base, rows, sdn, N, D)
+            dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+            dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
+        # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
+        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+        if PRECISION == "tf32x3":
+            ds_hi, ds_lo = _tf32_split(ds)
+            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+            dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
+            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+            dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
+            if BIAS_GRAD:  # here, not before the products: ds itself is dead by now
+                dbias += ds_hi + ds_lo  # ds exactly
+        else:
+            ds_in = ds.to(q.dtype)
+            k = _load_rows(k_base, rows, skn, N, D)
+            dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
+            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+            q = _load_rows(q_base, rows, sqn, N, D)
+            dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
+            if BIAS_GRAD:
+                dbias += ds
         tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
-        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
     if BIAS_GRAD:  # this program's own fp32 partial (chunks, nW, H, N, N)[chunk, w, h]
         partial = dbias_ptr + pid * N * N
         tile = partial + rows[:, None] * N + rows[None, :]

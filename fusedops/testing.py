@@ -55,13 +55,20 @@ DEFAULT_TERMS = 2048
 #: operands rounded to a 10-bit mantissa, products accumulated in fp32. Pass it as
 #: ``compute=TF32`` where a kernel's fp32 products may run in TF32 (allow_tf32 on).
 TF32 = "tf32"
+#: The compute "dtype" of fp32 products as three TF32 products (``tf32x3``, torch's
+#: allow_tf32=False contract on tensor cores): a = hi + lo with hi = rn_tf32(a) and lo =
+#: rn_tf32(a - hi) leaves 2^-22 |a| of each operand unrepresented, and hi*hi + hi*lo + lo*hi
+#: drops lo*lo (<= 2^-22 |a b|): 3 * 2^-22 per product, 12x fp32's 2^-24, accumulated in fp32.
+TF32X3 = "tf32x3"
 
 
 def unit_roundoff(dtype: torch.dtype | str) -> float:
     """u(dtype): the largest relative error of rounding to the floating ``dtype`` (eps / 2);
-    ``TF32``: 2^-11 (10 mantissa bits)."""
+    ``TF32``: 2^-11 (10 mantissa bits); ``TF32X3``: 3 * 2^-22 per product (see TF32X3)."""
     if dtype == TF32:
         return 2.0**-11
+    if dtype == TF32X3:
+        return 3 * 2.0**-22
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     return torch.finfo(dtype).eps / 2
@@ -85,7 +92,8 @@ def tolerance(
 
     terms: number of terms summed into one output element (>= 1); magnitude: their scale
     (sum of |term|, >= 0); compute: the accumulation dtype (default: float32, float64 for
-    float64 results; ``TF32`` for fp32 products in TF32); scale multiplies both.
+    float64 results; ``TF32`` / ``TF32X3`` for fp32 products in TF32 / three TF32 passes); scale
+    multiplies both.
     """
     if isinstance(terms, bool) or not isinstance(terms, int):
         raise TypeError(f"terms must be an int, got {type(terms).__name__}")

@@ -14,7 +14,11 @@ CUDA tensors cross by DLPack (``jnp.from_dlpack``): JAX hands its stream to the 
 so JAX reads what torch wrote just before the call. A cached CUDA parameter is re-imported (and
 so re-synchronised) whenever its ``_version`` moves.
 
-JAX -> torch: DLPack (``torch.from_dlpack`` hands torch's current stream to JAX).
+JAX -> torch: DLPack (``torch.from_dlpack`` hands torch's current stream to JAX). On the CPU a
+program's result crosses as a NumPy view of the JAX buffer, and the tensor made remembers the
+JAX array it views while it lives (:func:`to_torch`): when that same tensor, unchanged, is the
+input of a later program (a forward's activations saved for the backward are most of a
+backward's inputs), the array itself is handed over instead of crossing again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import functools
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 
 # JAX would otherwise take 75% of the GPU's memory when its GPU backend starts, starving torch;
@@ -210,6 +215,48 @@ def _cached_param(t: torch.Tensor, device):
     return array
 
 
+class _ResultRef(weakref.ref):
+    """A weak reference to a tensor made from a CPU program result (``to_torch``), with what
+    the tensor was when made: its id (the key in ``_results``), data pointer, shape, stride
+    and version, and the JAX array it views."""
+
+    __slots__ = ("key", "ptr", "shape", "stride", "version", "array")
+
+
+def _forget_result(ref: _ResultRef) -> None:
+    _results.pop(ref.key, None)
+
+
+#: id(tensor) -> _ResultRef of the CPU tensors that view a program result, while they live
+_results: dict[int, _ResultRef] = {}
+
+
+def _remember_result(t: torch.Tensor, array) -> None:
+    if t.is_inference():  # no version counter to tell a later write by
+        return
+    ref = _ResultRef(t, _forget_result)
+    ref.key, ref.ptr, ref.shape = id(t), t.data_ptr(), t.shape
+    ref.stride, ref.version, ref.array = t.stride(), t._version, array
+    _results[ref.key] = ref
+
+
+def _unchanged_result(t: torch.Tensor):
+    """The JAX array ``t`` was made from (``to_torch``) when ``t`` is that very tensor, not
+    written to (its version, shared by its views, has not moved) nor re-pointed or reshaped
+    in place since: the array holds exactly what ``t`` holds. Else None."""
+    ref = _results.get(id(t))
+    if (
+        ref is None
+        or ref() is not t
+        or ref.version != t._version
+        or ref.ptr != t.data_ptr()
+        or ref.shape != t.shape
+        or ref.stride != t.stride()
+    ):
+        return None
+    return ref.array
+
+
 def to_jax(t, device=None):
     """A torch tensor (CPU or CUDA, any dtype XLA holds, any shape) as something ``jax.jit``
     takes without a copy: a cached ``jax.Array`` for parameters, a NumPy view for other CPU
@@ -225,6 +272,10 @@ def to_jax(t, device=None):
         return _import(t)
     if isinstance(t, torch.nn.Parameter):
         return _cached_param(t, device)
+    if t.device.type == "cpu":
+        array = _unchanged_result(t)
+        if array is not None:
+            return array
     return _import(t)
 
 
@@ -257,7 +308,10 @@ def to_torch(a, on_cpu: bool | None = None) -> torch.Tensor:
     cpu = _on_cpu(a) if on_cpu is None else on_cpu
     if cpu and a.dtype in _NUMPY_CROSSING:
         with contextlib.nullcontext() if _quiet else quiet_crossings():
-            return torch.from_numpy(np.asarray(a))
+            t = torch.from_numpy(np.asarray(a))
+        if isinstance(a, jax.Array):
+            _remember_result(t, a)
+        return t
     if a.dtype == jnp.bool_ and not cpu:
         try:
             return torch.from_dlpack(a)
@@ -297,5 +351,6 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def clear_cache() -> None:
-    """Forget every cached parameter view."""
+    """Forget every cached parameter view and every remembered program result."""
     _param_cache.clear()
+    _results.clear()

@@ -18,6 +18,7 @@ import torch
 from fusedops.testing import assert_close, device_under_test, non_contiguous, random_tensor
 
 jax = pytest.importorskip("jax")
+np = pytest.importorskip("numpy")
 
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
@@ -259,3 +260,81 @@ def test_import_fusedops_xla_does_not_import_jax():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def _result(shape=(6, 5)):
+    """A CPU tensor made from a program result (``to_torch`` of a JAX array), and the array."""
+    array = _on_cpu(bridge.to_jax(random_tensor(shape))) * 2.0
+    return bridge.to_torch(array), array
+
+
+def test_an_unchanged_result_hands_its_jax_array_back():
+    """A result tensor given, untouched, to a later program crosses as the JAX array it views
+    (a forward's saved activations into the backward): no second import."""
+    t, array = _result()
+    assert bridge.to_jax(t) is array
+    assert bridge.to_jax(t.detach()) is not array  # another tensor object: imported as usual
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["add_", "view_write", "t_", "resize_", "set_", "data", "data_shape", "data_stride"],
+)
+def test_a_changed_result_crosses_with_its_new_contents(change):
+    """Written in place (itself or through a view sharing its version counter), or reshaped
+    or re-pointed in place (``.data =`` moves no version counter): the result crosses anew,
+    with what it holds now."""
+    t, array = _result()
+    if change == "add_":
+        t.add_(1.0)
+    elif change == "view_write":
+        t[1:3].mul_(-3.0)
+    elif change == "t_":
+        t.t_()
+    elif change == "resize_":
+        t.resize_(3, 5)
+    elif change == "set_":
+        t.set_(random_tensor((6, 5)))
+    elif change == "data":  # other memory, same shape and stride
+        t.data = random_tensor((6, 5))
+    elif change == "data_shape":  # the same memory and strides, fewer rows
+        t.data = t.detach()[:3]
+    else:  # the same memory and shape, another stride
+        t.data = t.detach().as_strided((6, 5), (1, 6))
+    crossed = bridge.to_jax(t)
+    assert crossed is not array
+    assert torch.equal(torch.from_numpy(np.array(jax.device_get(crossed))), t)
+
+
+def test_a_result_is_forgotten_when_its_tensor_dies():
+    before = len(bridge._results)
+    t, _ = _result()
+    assert len(bridge._results) == before + 1
+    del t
+    assert len(bridge._results) == before
+
+
+def test_backward_takes_the_forward_activations_as_jax_arrays(monkeypatch):
+    """partial_trace on the CPU: the activations the forward program saved reach the backward
+    program as the forward's own JAX arrays; the gradients are eager's."""
+    handed_back = []
+    unchanged = bridge._unchanged_result
+    monkeypatch.setattr(
+        bridge, "_unchanged_result", lambda t: handed_back.append(unchanged(t)) or handed_back[-1]
+    )
+    model = models.mlp()
+    ref = copy.deepcopy(model)
+
+    @partial_trace
+    def backbone(model, x):
+        return model(x)
+
+    x = random_tensor((6, 8)).requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    backbone(model, x).square().mean().backward()
+    ref(x_ref).square().mean().backward()
+    assert any(a is not None for a in handed_back)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    got, expected = models.grads(model), models.grads(ref)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -266,3 +266,19 @@ def test_getenv_follows_os_environ(monkeypatch):
     assert dispatch.getenv(name, "unset") == "unset"
     monkeypatch.setattr(os, "environ", {name: "replaced"})
     assert dispatch.getenv(name, "unset") == "replaced"
+
+
+def test_window_attention_never_picks_the_unfused_cuda_path(monkeypatch):
+    """Issue 25: the automatic pick for window attention on CUDA is the Triton kernel or the
+    native op (SDPA), never the unfused CUDA path, even with every kernel allowed and the
+    extension built; forcing backend="cuda" still runs it."""
+    monkeypatch.delenv("FUSEDOPS_BACKEND", raising=False)
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
+    monkeypatch.setattr(build, "known_state", lambda: None)
+    monkeypatch.setattr(dispatch, "_cuda_missing", lambda: None)
+    q = SimpleNamespace(**vars(_cuda_input()), shape=(4, 3, 49, 32))
+    assert dispatch.select_name("window_attention", q, q, q, None, None) == "triton"
+    monkeypatch.setattr(dispatch, "_triton_missing", lambda: "triton is not installed")
+    assert dispatch.select_name("window_attention", q, q, q, None, None) == "native"
+    forced = dispatch.select_name("window_attention", q, q, q, None, None, backend="cuda")
+    assert forced == "cuda"

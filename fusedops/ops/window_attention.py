@@ -123,9 +123,12 @@ dispatch.register_op(
     "window_attention",
     reference,
     kernels="window_attention",
-    # The Triton kernel is the fused one; the CUDA path is cuBLAS products around fused
-    # softmax kernels (see README). Order to be revisited with bench_window_attention results.
-    preference=("triton", "cuda"),
+    # Only the Triton kernel is picked automatically (issue 25): the CUDA path is unfused
+    # (cuBLAS products around fused softmax kernels, the fp32 scores and dP through memory:
+    # about 3x a fused kernel's traffic) and measured 0.52-1.47x SDPA fwd+bwd on an H100
+    # (2026-11-24), below SDPA at some Swin shapes; shapes the Triton kernel refuses go to the
+    # native op (SDPA). backend="cuda" still runs it.
+    preference=("triton",),
     unsupported_reasons=unsupported_reasons,
 )
 

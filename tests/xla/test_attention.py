@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusedops.testing import assert_close, random_tensor
+from fusedops.testing import assert_close, random_tensor, unit_roundoff
 from fusedops.xla import lower
 
 aten = torch.ops.aten
@@ -56,6 +56,38 @@ def _reference(q, k, v, mask, causal, scale, grad):
     return out.detach(), (q64.grad, k64.grad, v64.grad, dmask)
 
 
+def _magnitudes(q, k, v, mask, causal, scale, grad, dtype):
+    """Per element, the sum of |terms| behind out and (dq, dk, dv, dmask) (float64), in units
+    of the result dtype's roundoff: one rounding of each 16-bit intermediate (P, out, dS) moves
+    them by that much. dS = P * (dP - delta) with dP = grad @ v^T and delta = rowsum(grad *
+    out), so |dS| <= P * (|grad| @ |v|^T + rowsum(|grad * out|)). P = exp(s - lse) is computed
+    in fp32 whatever the dtype: its relative error is fp32's roundoff times |s| + |lse| (the
+    exponent's size), weighed here by u(fp32) / u(dtype) so that one tolerance rule covers
+    both."""
+    q64, k64, v64, g64 = (t.double() for t in (q, k, v, grad))
+    scale = 1.0 / E**0.5 if scale is None else scale
+    scores = q64 @ k64.transpose(-1, -2) * scale
+    sizes = q64.abs() @ k64.abs().transpose(-1, -2) * scale
+    if causal:
+        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        scores = scores + mask.double()
+        sizes = sizes + mask.double().abs()
+    probs = scores.softmax(-1)
+    lse = scores.logsumexp(-1, keepdim=True)
+    weight = unit_roundoff(torch.float32) / unit_roundoff(dtype)
+    exponent = torch.where(probs > 0, sizes + lse.abs(), 0.0)  # masked keys: P = 0 exactly
+    p_size = probs * (1 + weight * exponent)
+    out = probs @ v64
+    ds = p_size * (g64.abs() @ v64.abs().transpose(-1, -2) + (g64 * out).abs().sum(-1, True))
+    return p_size @ v64.abs(), (
+        scale * ds @ k64.abs(),
+        scale * ds.transpose(-1, -2) @ q64.abs(),
+        p_size.transpose(-1, -2) @ g64.abs(),
+        ds,
+    )
+
+
 def _meta(op, *args, **kwargs):
     def to_meta(x):
         return x.to("meta") if isinstance(x, torch.Tensor) else x
@@ -89,6 +121,7 @@ def test_cuda_attention_lowerings_match_float64(kind, bias, causal, scale, dtype
     q, k, v, mask = _inputs(dtype, bias)
     grad = random_tensor((2, 3, L, E), dtype=dtype)
     want_out, want_grads = _reference(q, k, v, mask, causal, scale, grad)
+    out_size, grad_sizes = _magnitudes(q, k, v, mask, causal, scale, grad, dtype)
     jq, jk, jv, jgrad = map(_jax, (q, k, v, grad))
     jmask = None if mask is None else _jax(mask)
     if kind == "flash":
@@ -103,7 +136,7 @@ def test_cuda_attention_lowerings_match_float64(kind, bias, causal, scale, dtype
     results = lower.LOWERINGS[op](*jargs, scale=scale, meta=meta)
     _check_layout(results, meta)
     out, lse = results[0], results[1]
-    assert_close(_torch(out), want_out.to(dtype), dtype=dtype, scale=2.0, msg="out")
+    assert_close(_torch(out), want_out, dtype=dtype, terms=S, magnitude=out_size, msg="out")
 
     if kind == "flash":
         backward = aten._scaled_dot_product_flash_attention_backward.default
@@ -130,10 +163,10 @@ def test_cuda_attention_lowerings_match_float64(kind, bias, causal, scale, dtype
             jgrad, jq, jk, jv, out, lse, results[6], results[7], jmask, results[2], results[3],
             results[4], results[5], 0.0, causal, scale=scale,
         )  # fmt: skip
-    for name, got, want in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
+    for name, got, want, size in zip(("dq", "dk", "dv", "dbias"), grads, want_grads, grad_sizes):
         if got is None:
             continue
-        assert_close(_torch(got), want.to(dtype), dtype=dtype, scale=4.0, msg=name)
+        assert_close(_torch(got), want, dtype=dtype, terms=max(L, S), magnitude=size, msg=name)
 
 
 def test_dropout_in_fused_attention_is_refused():

@@ -336,7 +336,7 @@ def swin_launches(dtype: torch.dtype) -> list[Launch]:
                 swin_softmax._backward_kernel,
                 dtype,
                 shape,
-                dict(BLOCK_R=block_r, BLOCK_N=block_n),
+                swin_softmax.backward_meta(n, heads, z),  # WIDE only past 2^31 scores
                 types=fp32,
                 ideal=3 * scores * es + heads * n * n * 4,
             )  # fmt: skip

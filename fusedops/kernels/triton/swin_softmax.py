@@ -85,8 +85,10 @@ def _backward_kernel(
     WIDE: tl.constexpr,
 ):
     # The tile is (BLOCK_N // WIDTH, BLOCK_R, WIDTH): each row's BLOCK_N columns in pieces of
-    # WIDTH <= 32, so a warp holds whole rows and the row sums are shuffles within it (a
-    # (BLOCK_R, 64) tile spreads a row over two warps: shared memory and barriers).
+    # WIDTH <= 32 lanes, so that with a score a lane (N = 49: rows not 16-byte aligned) a warp
+    # holds whole rows and the row sums are shuffles within it; a (BLOCK_R, 64) tile spreads a
+    # row over two warps (shared memory, barriers). Where N allows 16-byte vectors (N % 8 == 0
+    # for 16-bit, % 4 for fp32) a piece takes fewer lanes and wide rows may span warps again.
     row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (head, query) rows of a window
     col = tl.arange(0, BLOCK_N // WIDTH)[:, None, None] * WIDTH + tl.arange(0, WIDTH)[None, None, :]
     chunk = tl.program_id(1)

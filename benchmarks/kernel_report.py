@@ -336,7 +336,7 @@ def swin_launches(dtype: torch.dtype) -> list[Launch]:
                 swin_softmax._backward_kernel,
                 dtype,
                 shape,
-                dict(BLOCK_R=block_r, BLOCK_N=block_n),
+                swin_softmax.backward_meta(n, heads, z),  # WIDE only past 2^31 scores
                 types=fp32,
                 ideal=3 * scores * es + heads * n * n * 4,
             )  # fmt: skip
@@ -384,8 +384,9 @@ def layer_norm_launches(dtype: torch.dtype) -> list[Launch]:
         fwd, bwd = ("layer_norm", m, n, "fwd"), ("layer_norm", m, n, "bwd")
         if n <= ln.MAX_FUSED_N_FORWARD:
             block_m, block_n, warps = ln._register_tile(n)
+            chunk = ln._forward_chunk(block_m, block_n, warps, es)
             rows.append(Launch("layer_norm", ln._forward_rows_kernel, dtype, shape,
-                               dict(flags, BLOCK_M=block_m, BLOCK_N=block_n), warps,
+                               dict(flags, BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk), warps,
                                ideal=fwd_ideal, measured=fwd, **common))  # fmt: skip
         else:
             rows.append(Launch("layer_norm", ln._forward_loop_kernel, dtype, shape,

@@ -574,3 +574,31 @@ def test_forward_register_path_of_wide_rows(monkeypatch, op, n):
     loop_calls = _spy_forward_loop(monkeypatch)
     _case(op, (2,), (n,), torch.float32, "both", "triton")
     assert not loop_calls  # the forward held the rows in registers
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_forward_second_pass_in_chunks(monkeypatch, op):
+    """fp32 rows on 32 warps' 32768 lanes (N = 20000): x takes half the 64 registers a thread
+    has, so the forward's second pass reads x again in chunks (no spills; 16-bit x stays in
+    registers): the same bits as the second pass over the rows held in registers."""
+    if "triton" not in KERNEL_BACKENDS:
+        pytest.skip("triton is not available here")
+    from fusedops.kernels.triton import layer_norm as kernels
+
+    n = 20000
+    block_m, block_n, warps = kernels._register_tile(n)
+    assert kernels._forward_chunk(block_m, block_n, warps, 2) == block_n
+    x = random_tensor((3, n), torch.float32, DEVICE)
+    weight, bias = _params(op, (n,), torch.float32, "both")
+    chunk, chunks = kernels._forward_chunk, []
+
+    def recorded(*args):
+        chunks.append(chunk(*args))
+        return chunks[-1]
+
+    monkeypatch.setattr(kernels, "_forward_chunk", recorded)
+    in_chunks = _call(op, x, (n,), weight, bias, "triton")
+    monkeypatch.setattr(kernels, "_forward_chunk", lambda block_m, block_n, *_: block_n)
+    whole = _call(op, x, (n,), weight, bias, "triton")
+    assert chunks == [8192] and block_n == 32768
+    assert torch.equal(in_chunks, whole)

@@ -249,9 +249,41 @@ def test_backward_chunks_ask_the_device_once(monkeypatch):
         # 40 programs wanted over 3 row groups: 14 chunks, then balanced (8 windows a chunk)
         assert [backward_chunks(100, 3, gpu) for _ in range(3)] == [13, 13, 13]
         assert backward_chunks(5, 3, gpu) == 5 and backward_chunks(100, 3, torch.device("cpu")) == 2
+        # 8 programs a multiprocessor (the Triton backward's): 27 chunks, then 25 of 4 windows
+        assert backward_chunks(100, 3, gpu, 8) == 25
     finally:
         device._multiprocessors.cache_clear()
     assert asked == [0]
+
+
+def test_triton_backward_64_bit_offsets(monkeypatch):
+    """A chunk of windows whose scores pass 32-bit offsets (the kernel's MAX_OFFSET, lowered
+    here to one window's scores) takes the 64-bit path (WIDE): the same bits as the 32-bit
+    path, and the oracle's gradients."""
+    from fusedops.kernels.triton import swin_softmax as triton_softmax
+
+    heads, n = 2, 49
+    attn, bias, mask = _inputs(2, 3, heads, n, "-100", torch.bfloat16)
+    grad = random_tensor(attn.shape, torch.bfloat16, DEVICE)
+    meta, wide = triton_softmax.backward_meta, []
+
+    def recorded(*args):
+        wide.append(meta(*args)["WIDE"])
+        return meta(*args)
+
+    def grads():
+        probs = fusedops.swin_attention_softmax(attn, bias, mask, backend="triton")
+        return torch.autograd.grad(probs, (attn, bias), grad)
+
+    monkeypatch.setattr(triton_softmax, "backward_meta", recorded)
+    narrow = grads()
+    monkeypatch.setattr(triton_softmax, "MAX_OFFSET", heads * n * n)
+    wide_grads = grads()
+    assert wide == [False, True]
+    assert all(torch.equal(a, b) for a, b in zip(narrow, wide_grads, strict=True))
+    d_attn, d_bias = oracle_backward(oracle(attn.detach(), bias.detach(), mask), grad.double())
+    assert_close(wide_grads[0], d_attn)
+    assert_close(wide_grads[1], d_bias, dtype=torch.bfloat16, scale=attn.shape[0] ** 0.5)
 
 
 ATTN = torch.zeros(4, 2, 3, 3)

@@ -5,7 +5,11 @@ zeroed before every reduction.
 
 Forward:
 - register path (``N <= MAX_FUSED_N_FORWARD``): a program holds ``BLOCK_M`` whole rows in registers
-  (several rows per program for small N), mean and variance in two passes over registers.
+  (several rows per program for small N), mean and variance in two passes over registers. Where
+  x takes half the registers a thread has (fp32 rows past 16384 on 32 warps), y is made in
+  chunks of ``CHUNK`` columns that read x again (``_forward_chunk``): the rows the program has
+  just read, expected from L1/L2 (one such program a multiprocessor), not DRAM; x, w and b of
+  whole rows at once spilled there.
 - looped path (longer rows): one program per row; pass 1 reads the row in chunks accumulating
   shifted sums (shift = the row's first element, against cancellation), pass 2 normalises.
 
@@ -90,6 +94,33 @@ def _round_xhat(xhat, XHAT_ROUND: tl.constexpr):
 
 
 @triton.jit
+def _scale_shift_store(
+    xc,
+    rstd,
+    cols,
+    col_mask,
+    offsets,
+    mask,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    XHAT_ROUND: tl.constexpr,
+):
+    """Stores y = xhat * w + b at ``offsets`` (``mask``): xc (BLOCK_M, C) fp32 centred rows,
+    rstd (BLOCK_M,), xhat = xc * rstd rounded per XHAT_ROUND, w and b at ``cols`` (C,)."""
+    y = _round_xhat(xc * rstd[:, None], XHAT_ROUND)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = y * w[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _forward_rows_kernel(
     x_ptr,
     w_ptr,
@@ -106,6 +137,7 @@ def _forward_rows_kernel(
     XHAT_ROUND: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -115,6 +147,7 @@ def _forward_rows_kernel(
     offsets = rows[:, None] * N + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     if RMS:
+        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
         xc = x
     else:
         mean = _div_n(tl.sum(x, axis=1), N)
@@ -123,14 +156,19 @@ def _forward_rows_kernel(
     var = _div_n(tl.sum(xc * xc, axis=1), N)
     rstd = _rstd(var, eps)
     tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-    y = _round_xhat(xc * rstd[:, None], XHAT_ROUND)
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = y * w[None, :]
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = y + b[None, :]
-    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if CHUNK == BLOCK_N:  # y from the rows held in registers
+        _scale_shift_store(xc, rstd, cols, col_mask, offsets, mask, w_ptr, b_ptr, y_ptr,
+                           HAS_WEIGHT, HAS_BIAS, XHAT_ROUND)  # fmt: skip
+    else:  # y in chunks of CHUNK columns, x read again: the rows just read (L1/L2)
+        for start in range(0, BLOCK_N, CHUNK):
+            part = start + tl.arange(0, CHUNK)
+            part_cols = part < N
+            part_mask = row_mask[:, None] & part_cols[None, :]
+            part_offsets = rows[:, None] * N + part[None, :]
+            x_part = tl.load(x_ptr + part_offsets, mask=part_mask, other=0.0).to(tl.float32)
+            _scale_shift_store(x_part - mean[:, None], rstd, part, part_cols, part_offsets,
+                               part_mask, w_ptr, b_ptr, y_ptr, HAS_WEIGHT, HAS_BIAS,
+                               XHAT_ROUND)  # fmt: skip
 
 
 @triton.jit
@@ -359,6 +397,19 @@ def _register_tile(N: int, backward: bool = False) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
+def _forward_chunk(block_m: int, block_n: int, num_warps: int, itemsize: int) -> int:
+    """CHUNK of the forward's register path (``_forward_rows_kernel``): BLOCK_N (y made from
+    the rows held in registers), or, where x in its own dtype takes half the registers a
+    thread may have (65536 a multiprocessor over the program's threads), two 16-byte vectors
+    a thread: the second pass then reads x again in chunks of that many columns. At N = 32768
+    fp32 (32 warps, 64 registers a thread) x, w and b at once spilled 24-64 bytes."""
+    threads = 32 * num_warps
+    x_registers = block_m * block_n // threads * itemsize // 4
+    if x_registers < min(255, 65536 // threads) // 2:
+        return block_n
+    return min(block_n, threads * 2 * (16 // itemsize))
+
+
 def _max_programs(device: torch.device) -> int:
     """How many partial rows (programs) the dweight/dbias reduction uses at most."""
     return programs_to_fill(device, 4, INTERPRETER_PROGRAMS)
@@ -393,22 +444,11 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=
     m = mean if not rms else rstd
     if MAX_FUSED_N_FORWARD >= N:
         block_m, block_n, warps = _register_tile(N)
-        grid = (cdiv(M, block_m),)
-        _forward_rows_kernel[grid](
-            x,
-            w,
-            b,
-            y,
-            m,
-            rstd,
-            M,
-            N,
-            eps,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=warps,
-            **flags,
-        )
+        chunk = _forward_chunk(block_m, block_n, warps, x.element_size())
+        _forward_rows_kernel[(cdiv(M, block_m),)](
+            x, w, b, y, m, rstd, M, N, eps,
+            BLOCK_M=block_m, BLOCK_N=block_n, CHUNK=chunk, num_warps=warps, **flags,
+        )  # fmt: skip
     else:
         _forward_loop_kernel[(M,)](
             x, w, b, y, m, rstd, M, N, eps, BLOCK_N=LOOP_BLOCK_N, num_warps=8, **flags

@@ -8,7 +8,9 @@ it loads them; N is a compile-time constant, so the only per-row index math is `
 a constant.
 Backward: program (row block, chunk) walks the windows of its chunk for BLOCK_R rows of one
 window's (heads*N, N) block, writes d_attn and accumulates dz for the same rows in fp32; the
-partial sums of the chunks are added in a fixed order afterwards.
+partial sums of the chunks are added in a fixed order afterwards. Its tile holds each row in one
+warp, and its offsets are 32-bit from the chunk's start (64-bit, WIDE, past 2^31 - 1): 56-64
+registers at Swin's N = 49 (255 with spills before), BACKWARD_PER_SM programs a multiprocessor.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from fusedops import _alloc
 from fusedops.kernels.shared.launch import cdiv, next_power_of_2
 from fusedops.kernels.shared.swin_chunks import backward_chunks
 
-TILE = 2048  # scores per program
+TILE = 2048  # scores per forward program
+BACKWARD_TILE = 1024  # scores per backward program
+#: backward programs a multiprocessor: what its 56-64 registers a thread let one hold
+#: (benchmarks/results/kernel_report.csv), so the loads in flight fill it
+BACKWARD_PER_SM = 8
+#: the largest offset from a chunk's first score that the backward keeps in 32 bits
+MAX_OFFSET = 2**31 - 1
 
 
 @triton.jit
@@ -69,34 +77,51 @@ def _backward_kernel(
     partial_ptr,
     windows,
     per_chunk,
-    n,
     heads_n,
+    N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WIDTH: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
+    # The tile is (BLOCK_N // WIDTH, BLOCK_R, WIDTH): each row's BLOCK_N columns in pieces of
+    # WIDTH <= 32 lanes, so that with a score a lane (N = 49: rows not 16-byte aligned) a warp
+    # holds whole rows and the row sums are shuffles within it; a (BLOCK_R, 64) tile spreads a
+    # row over two warps (shared memory, barriers). Where N allows 16-byte vectors (N % 8 == 0
+    # for 16-bit, % 4 for fp32) a piece takes fewer lanes and wide rows may span warps again.
     row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (head, query) rows of a window
-    col = tl.arange(0, BLOCK_N)
+    col = tl.arange(0, BLOCK_N // WIDTH)[:, None, None] * WIDTH + tl.arange(0, WIDTH)[None, None, :]
     chunk = tl.program_id(1)
-    inside = (row < heads_n)[:, None] & (col < n)[None, :]
-    inner = row.to(tl.int64)[:, None] * n + col[None, :]
-    block = heads_n * n  # scores per window
-    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+    inside = (row < heads_n)[None, :, None] & (col < N)
+    if WIDE:  # the chunk's scores past 32-bit offsets
+        row = row.to(tl.int64)
+        block = heads_n.to(tl.int64) * N
+    else:
+        block = heads_n * N  # scores per window
+    inner = row[None, :, None] * N + col
+    acc = tl.zeros((BLOCK_N // WIDTH, BLOCK_R, WIDTH), dtype=tl.float32)
     first = chunk * per_chunk
-    last = tl.minimum(first + per_chunk, windows)
-    base = first.to(tl.int64) * block  # 64-bit offset of the current window
-    for _ in range(first, last):
-        p = tl.load(probs_ptr + base + inner, mask=inside, other=0.0).to(tl.float32)
-        g = tl.load(grad_ptr + base + inner, mask=inside, other=0.0).to(tl.float32)
-        dz = p * (g - tl.sum(p * g, axis=1)[:, None])
-        tl.store(dattn_ptr + base + inner, dz.to(dattn_ptr.dtype.element_ty), mask=inside)
+    base = first.to(tl.int64) * block  # 64-bit offset of the chunk's first window
+    probs_ptr += base
+    grad_ptr += base
+    dattn_ptr += base
+    # offsets from the chunk's start, made afresh per window: pointers advanced per window
+    # are strength-reduced into a 64-bit pointer per element and tensor, live across the loop
+    # (255 registers and spills at BLOCK_R x BLOCK_N = 32 x 64)
+    for w in range(0, tl.minimum(per_chunk, windows - first)):
+        offsets = inner + w * block
+        p = tl.load(probs_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        g = tl.load(grad_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        dz = p * (g - tl.sum(tl.sum(p * g, axis=2), axis=0)[None, :, None])
+        tl.store(dattn_ptr + offsets, dz.to(dattn_ptr.dtype.element_ty), mask=inside)
         acc += dz
-        base += block
     tl.store(partial_ptr + chunk.to(tl.int64) * block + inner, acc, mask=inside)
 
 
-def _blocks(n: int) -> tuple[int, int]:
+def _blocks(n: int, tile: int = TILE) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_N): rows of ``n`` scores a program takes, ``tile`` scores at most."""
     block_n = next_power_of_2(max(n, 1))
-    return max(1, min(64, TILE // block_n)), block_n
+    return max(1, min(64, tile // block_n)), block_n
 
 
 def forward(attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -114,18 +139,26 @@ def forward(attn: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor | None) -
     return out
 
 
+def backward_meta(n: int, heads: int, per_chunk: int) -> dict:
+    """The backward kernel's constexprs for windows of ``heads`` x ``n`` rows of ``n`` scores
+    and ``per_chunk`` windows a program (ints >= 1): BACKWARD_TILE scores a program (8 a thread
+    at Triton's default 4 warps), WIDE where a chunk's offsets pass ``MAX_OFFSET``."""
+    block_r, block_n = _blocks(n, BACKWARD_TILE)
+    wide = per_chunk * heads * n * n > MAX_OFFSET
+    return dict(N=n, BLOCK_R=block_r, BLOCK_N=block_n, WIDTH=min(block_n, 32), WIDE=wide)
+
+
 def backward(grad: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_attn like probs, d_bias (heads, N, N) fp32); grad and probs contiguous, same
     non-empty shape."""
     d_attn = _alloc.empty_like(probs)
     windows, heads, n = probs.shape[0], probs.shape[1], probs.shape[-1]
-    block_r, block_n = _blocks(n)
-    row_groups = cdiv(heads * n, block_r)
-    chunks = backward_chunks(windows, row_groups, probs.device)
+    row_groups = cdiv(heads * n, _blocks(n, BACKWARD_TILE)[0])
+    chunks = backward_chunks(windows, row_groups, probs.device, BACKWARD_PER_SM)
     per_chunk = cdiv(windows, chunks)
     partial = _alloc.empty((chunks, heads, n, n), dtype=torch.float32, device=probs.device)
     _backward_kernel[(row_groups, chunks)](
-        grad, probs, d_attn, partial, windows, per_chunk, n, heads * n,
-        BLOCK_R=block_r, BLOCK_N=block_n,
+        grad, probs, d_attn, partial, windows, per_chunk, heads * n,
+        **backward_meta(n, heads, per_chunk),
     )  # fmt: skip
     return d_attn, partial.sum(dim=0)

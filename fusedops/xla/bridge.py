@@ -146,11 +146,23 @@ def _typestr(dtype: torch.dtype) -> str:
     return torch.empty(0, dtype=dtype).numpy().dtype.str
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    """``isinstance(t, torch.nn.Parameter)`` (which is True for any tensor flagged
+    ``_is_param``) without the metaclass's Python ``__instancecheck__`` for the common types:
+    a quarter of the time, asked for every input of every program call."""
+    kind = type(t)
+    if kind is torch.nn.Parameter:
+        return True
+    if kind is torch.Tensor:
+        return getattr(t, "_is_param", False)
+    return isinstance(t, torch.nn.Parameter)
+
+
 def _keeps_storage(t: torch.Tensor) -> bool:
     """Whether ``t`` must cross without pinning its storage (``_HostView``): parameters (their
     views cached, so the cost is once) and, under torch.distributed, every tensor (FSDP2's
     saved parameter views among them)."""
-    return isinstance(t, torch.nn.Parameter) or (
+    return _is_parameter(t) or (
         torch.distributed.is_available() and torch.distributed.is_initialized()
     )
 
@@ -184,7 +196,7 @@ def contiguous_order(t) -> tuple[int, ...] | None:
     contiguous: crossing ``t.permute(p)`` and transposing back inside the program costs no copy,
     where ``t.contiguous()`` copies. None for contiguous tensors, parameters (cached as they
     are) and other layouts (expanded, sliced)."""
-    if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.is_contiguous():
+    if not isinstance(t, torch.Tensor) or t.is_contiguous() or _is_parameter(t):
         return None
     order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
     return order if t.permute(order).is_contiguous() else None
@@ -270,7 +282,7 @@ def to_jax(t, device=None):
         device = jax_device(t.device)
     if t.device.type == "cpu" and device.platform != "cpu":
         return _import(t)
-    if isinstance(t, torch.nn.Parameter):
+    if _is_parameter(t):
         return _cached_param(t, device)
     if t.device.type == "cpu":
         array = _unchanged_result(t)

@@ -86,6 +86,19 @@ def _fix(value, meta, node):
     return value
 
 
+_CONSTANT, _INPUT, _RESULT, _VIEW = "constant", "input", "result", "view"
+
+
+def _result_fix(node: torch.fx.Node) -> tuple[bool, bool]:
+    """What a result of ``node`` needs after crossing to torch: (a complex32 result, which
+    JAX computed in complex64; a CPU scalar, e.g. an optimizer's step count, that must go
+    back to the CPU when the program ran on an accelerator)."""
+    meta = node.meta.get("val")
+    if not isinstance(meta, torch.Tensor):
+        return False, False
+    return meta.dtype == torch.complex32, meta.device.type == "cpu" and meta.dim() == 0
+
+
 class JaxProgram:
     """A callable running ``gm`` (ATen ops only, static shapes) as one XLA program.
 
@@ -129,9 +142,23 @@ class JaxProgram:
                 )
             else:
                 self._computed.append(o)
-        self._returns_inputs = bool(self._views) or any(
-            isinstance(o, torch.fx.Node) and o.op == "placeholder" for o in self.outputs
-        )
+        # where each output comes from, worked out once: (_CONSTANT, value), (_INPUT, index
+        # of the placeholder), (_RESULT, index in _computed) or (_VIEW, the output node)
+        inputs = self._input_index = {n: i for i, n in enumerate(self.placeholders)}
+        results = {n: i for i, n in enumerate(self._computed)}
+        self._plan = [
+            (_CONSTANT, o)
+            if not isinstance(o, torch.fx.Node)
+            else (_INPUT, inputs[o])
+            if o.op == "placeholder"
+            else (_VIEW, o)
+            if o in self._views
+            else (_RESULT, results[o])
+            for o in self.outputs
+        ]
+        # results needing more than the crossing (``_result_fix``): index -> (complex32, to
+        # the CPU when the call ran on an accelerator)
+        self._fixes = {i: fix for i, fix in enumerate(map(_result_fix, self._computed)) if any(fix)}
         # tensor constants are kept on the host (device-neutral, exact dtype) and become
         # constants of the traced program, so they live on whichever device runs the call
         self._constants = {}
@@ -203,23 +230,31 @@ class JaxProgram:
             else:
                 results = function(*jax_args)
             jax.block_until_ready(results)
+        to_torch = bridge.to_torch
         with bridge.quiet_crossings():
-            converted = {
-                node: (None if r is None else self._to_torch(r, node, on_cpu))
-                for node, r in zip(self._computed, results)
-            }
-        inputs = dict(zip(self.placeholders, args)) if self._returns_inputs else {}
+            converted = [None if r is None else to_torch(r, on_cpu) for r in results]
+        for index, (complex32, to_cpu) in self._fixes.items():
+            out = converted[index]
+            if out is not None and complex32:
+                converted[index] = out = out.to(torch.complex32)
+            if out is not None and to_cpu and not on_cpu:
+                converted[index] = out.cpu()
+        views = {}
         for node, (source, chain) in self._views.items():
-            value = inputs[source]
+            value = args[self._input_index[source]]
             for op, args_after, kwargs in chain:
                 value = op(value, *args_after, **kwargs)
-            converted[node] = value
-        outs = []
-        for o in self.outputs:
-            if isinstance(o, torch.fx.Node):
-                outs.append(inputs[o] if o.op == "placeholder" else converted[o])
-            else:
-                outs.append(o)
+            views[node] = value
+        outs = [
+            converted[where]
+            if kind is _RESULT
+            else args[where]
+            if kind is _INPUT
+            else views[where]
+            if kind is _VIEW
+            else where
+            for kind, where in self._plan
+        ]
         if start is not None:
             self.compile_s = time.perf_counter() - start
         return outs
@@ -249,18 +284,6 @@ class JaxProgram:
         self._functions[key] = function
         self.tuning[str(device)] = {"library": name, "seconds": seconds}
         return function, results
-
-    @staticmethod
-    def _to_torch(array, node, on_cpu: bool) -> torch.Tensor:
-        out = bridge.to_torch(array, on_cpu)
-        meta = node.meta.get("val")
-        if isinstance(meta, torch.Tensor) and meta.dtype == torch.complex32:
-            out = out.to(torch.complex32)
-        # a CPU scalar of a CUDA program (e.g. an optimizer's step count) goes back to the CPU
-        cpu_meta = isinstance(meta, torch.Tensor) and meta.device.type == "cpu"
-        if cpu_meta and meta.dim() == 0 and not on_cpu:
-            out = out.cpu()
-        return out
 
 
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[str]:

@@ -30,7 +30,11 @@ window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The for
 table in registers (loaded once per program); the backward makes one pass per window-head
 (P recomputed once; dq, dk, dv written; dS added to the program's d_bias partial in registers,
 partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
-copy the launcher pads to (block, block) with -inf (aligned loads, few registers).
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers). Its pass
+over one window-head is a function that is not inlined (``_short_window_backward``): inlined
+into the window loop, LLVM hoisted the loop-invariant shared-memory addresses of the products'
+operands (sm_90 wgmma descriptors, about 100 registers) out of the loop and the fp32 backward
+spilled.
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
@@ -118,12 +122,15 @@ def _tf32_split(x):
 
 @triton.jit
 def _dot_split(a_hi, a_lo, b_hi, b_lo):
-    """``a @ b`` (fp32) from split operands (``_tf32_split``) in three TF32 products, the small
-    ones first, ``a_lo b_lo`` left out: Triton's ``"tf32x3"`` (each term within about 2^-21
-    of its fp32 value) with each operand split once however many products take it."""
-    acc = tl.dot(a_lo, b_hi, input_precision="tf32")
-    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    """``a @ b`` (fp32) from split operands (``_tf32_split``) in three TF32 products,
+    ``a_lo b_lo`` left out: Triton's ``"tf32x3"`` (each term within about 2^-21 of its fp32
+    value) with each operand split once however many products take it. Ordered so that each
+    operand's products are adjacent (b_lo, then a_hi, then b_hi, then a_lo: one operand live
+    across each step; on sm_80, where every warp holds all of b, Triton's order ``a_lo b_hi,
+    a_hi b_lo, a_hi b_hi`` cost the short backward 580 B/thread of spills at Swin-T)."""
+    acc = tl.dot(a_hi, b_lo, input_precision="tf32")
+    acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    return tl.dot(a_lo, b_hi, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -549,6 +556,85 @@ def _short_forward_kernel(
         tl.store(lse_ptr + out_rows, lse, mask=rows < N)
 
 
+@triton.jit(noinline=True)
+def _short_window_backward(
+    q_base,
+    k_base,
+    v_base,
+    do_base,
+    lse_base,
+    table_base,
+    dq_base,
+    dk_base,
+    dv_base,
+    sqn,
+    skn,
+    svn,
+    sdn,
+    N,
+    scale,
+    BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """One window-head of ``_short_backward_kernel``: dq, dk, dv of its N rows (inputs at the
+    ``*_base`` pointers with row strides ``s?n``; gradients contiguous (N, D) at ``d?_base``)
+    stored; returns its fp32 dS (BLOCK, BLOCK) for the d_bias partial. Not inlined: in the
+    caller's window loop, LLVM hoisted every loop-invariant shared-memory descriptor of the
+    products' operands (sm_90: ~100 registers held across the loop, the spills)."""
+    rows = tl.arange(0, BLOCK)
+    lse = tl.load(lse_base + rows, mask=rows < N, other=float("inf"))
+    out = rows[:, None] * D + tl.arange(0, D)[None, :]
+    row_ok = (rows < N)[:, None]
+    # Fewer tiles live at once: each input loaded where it is used (again where used twice:
+    # L1-resident), each gradient stored as soon as it is made.
+    if PRECISION == "tf32x3":
+        # fp32 products as three TF32 ones from operands split here (Triton's own "tf32x3"
+        # splits per product, ds twice: 1,668 B/thread of spills on sm_90 and 28,548 B on sm_80
+        # at N = 49, d = 32 with Triton 3.9); do, q and k re-read and split again where a
+        # second product takes them rather than held
+        q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+        k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+        s = _dot_split(q_hi, q_lo, tl.trans(k_hi), tl.trans(k_lo)) * scale
+        p = tl.exp(s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None])
+        do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+        p_hi, p_lo = _tf32_split(tl.trans(p))
+        dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
+        tl.store(dv_base + out, dv.to(dv_base.dtype.element_ty), mask=row_ok)
+        do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+        v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
+        dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
+    else:
+        q = _load_rows(q_base, rows, sqn, N, D)
+        k = _load_rows(k_base, rows, skn, N, D)
+        s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+        p = tl.exp(s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None])
+        do = _load_rows(do_base, rows, sdn, N, D)
+        dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+        tl.store(dv_base + out, dv.to(dv_base.dtype.element_ty), mask=row_ok)
+        dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
+    # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
+    ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+    if PRECISION == "tf32x3":
+        ds_hi, ds_lo = _tf32_split(ds)
+        k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+        dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
+        tl.store(dq_base + out, dq.to(dq_base.dtype.element_ty), mask=row_ok)
+        q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+        dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
+        ds = ds_hi + ds_lo  # ds exactly, for d_bias: ds itself is dead by now
+    else:
+        ds_in = ds.to(q.dtype)
+        k = _load_rows(k_base, rows, skn, N, D)
+        dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
+        tl.store(dq_base + out, dq.to(dq_base.dtype.element_ty), mask=row_ok)
+        q = _load_rows(q_base, rows, sqn, N, D)
+        dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
+    tl.store(dk_base + out, dk.to(dk_base.dtype.element_ty), mask=row_ok)
+    return ds
+
+
 @triton.jit
 def _short_backward_kernel(
     q_ptr,
@@ -592,7 +678,6 @@ def _short_backward_kernel(
     w = pid // H % num_masks
     first = pid // H // num_masks * per_program
     rows = tl.arange(0, BLOCK)
-    cols_d = tl.arange(0, D)
     # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
     # window (held in registers it costs 32 more per thread, and spills)
     table_base = table_ptr + (w * H + h) * BLOCK * BLOCK
@@ -600,65 +685,29 @@ def _short_backward_kernel(
     for image in range(first, tl.minimum(first + per_program, images)):
         z64 = tl.cast(image, tl.int64) * num_masks + w
         zh = z64 * H + h
-        q_base = q_ptr + z64 * sqz + h * sqh
-        k_base = k_ptr + z64 * skz + h * skh
-        do_base = do_ptr + z64 * sdz + h * sdh
-        v_base = v_ptr + z64 * svz + h * svh
-        lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
-        out = (zh * N + rows)[:, None] * D + cols_d[None, :]
-        row_ok = (rows < N)[:, None]
-        # Fewer tiles live at once: each input loaded where it is used (again where used
-        # twice: L1-resident), each gradient stored as soon as it is made.
-        if PRECISION == "tf32x3":
-            # fp32 products as three TF32 ones from operands split here (Triton's own
-            # "tf32x3" splits per product, ds twice: 1,668 B/thread of spills on sm_90 and
-            # 28,548 B on sm_80 at N = 49, d = 32 with Triton 3.9); do, q and k re-read and
-            # split again where a second product takes them rather than held
-            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
-            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
-            s = _dot_split(q_hi, q_lo, tl.trans(k_hi), tl.trans(k_lo)) * scale
-            p = tl.exp(
-                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
-            )
-            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
-            p_hi, p_lo = _tf32_split(tl.trans(p))
-            dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
-            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
-            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
-            v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
-            dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
-        else:
-            q = _load_rows(q_base, rows, sqn, N, D)
-            k = _load_rows(k_base, rows, skn, N, D)
-            s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
-            p = tl.exp(
-                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
-            )
-            do = _load_rows(do_base, rows, sdn, N, D)
-            dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
-            dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
-        # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
-        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-        if PRECISION == "tf32x3":
-            ds_hi, ds_lo = _tf32_split(ds)
-            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
-            dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
-            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
-            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
-            dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
-            if BIAS_GRAD:  # here, not before the products: ds itself is dead by now
-                dbias += ds_hi + ds_lo  # ds exactly
-        else:
-            ds_in = ds.to(q.dtype)
-            k = _load_rows(k_base, rows, skn, N, D)
-            dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
-            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
-            q = _load_rows(q_base, rows, sqn, N, D)
-            dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
-            if BIAS_GRAD:
-                dbias += ds
-        tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
+        ds = _short_window_backward(
+            q_ptr + z64 * sqz + h * sqh,
+            k_ptr + z64 * skz + h * skh,
+            v_ptr + z64 * svz + h * svh,
+            do_ptr + z64 * sdz + h * sdh,
+            lse_ptr + zh * N,
+            table_base,
+            dq_ptr + zh * N * D,
+            dk_ptr + zh * N * D,
+            dv_ptr + zh * N * D,
+            sqn,
+            skn,
+            svn,
+            sdn,
+            N,
+            scale,
+            BLOCK,
+            D,
+            PRECISION,
+            UPCAST,
+        )
+        if BIAS_GRAD:
+            dbias += ds
     if BIAS_GRAD:  # this program's own fp32 partial (chunks, nW, H, N, N)[chunk, w, h]
         partial = dbias_ptr + pid * N * N
         tile = partial + rows[:, None] * N + rows[None, :]

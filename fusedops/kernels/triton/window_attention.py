@@ -567,12 +567,15 @@ def _short_window_backward(
     dq_base,
     dk_base,
     dv_base,
+    dbias_base,
+    accumulate,
     sqn,
     skn,
     svn,
     sdn,
     N,
     scale,
+    BIAS_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
     D: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -580,9 +583,11 @@ def _short_window_backward(
 ):
     """One window-head of ``_short_backward_kernel``: dq, dk, dv of its N rows (inputs at the
     ``*_base`` pointers with row strides ``s?n``; gradients contiguous (N, D) at ``d?_base``)
-    stored; returns its fp32 dS (BLOCK, BLOCK) for the d_bias partial. Not inlined: in the
+    stored and, with BIAS_GRAD, its dS added to the fp32 (N, N) partial at ``dbias_base``
+    (stored there if not ``accumulate``: the program's first window). Not inlined: in the
     caller's window loop, LLVM hoisted every loop-invariant shared-memory descriptor of the
-    products' operands (sm_90: ~100 registers held across the loop, the spills)."""
+    products' operands out of the loop (sm_90: ~100 registers held, the spills). Returns
+    nothing: Triton 3.6 cannot return a tensor from a function that is not inlined."""
     rows = tl.arange(0, BLOCK)
     lse = tl.load(lse_base + rows, mask=rows < N, other=float("inf"))
     out = rows[:, None] * D + tl.arange(0, D)[None, :]
@@ -632,7 +637,12 @@ def _short_window_backward(
         q = _load_rows(q_base, rows, sqn, N, D)
         dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
     tl.store(dk_base + out, dk.to(dk_base.dtype.element_ty), mask=row_ok)
-    return ds
+    if BIAS_GRAD:  # read-add-store of the program's partial, the same bits as in registers
+        tile = dbias_base + rows[:, None] * N + rows[None, :]
+        inside = row_ok & (rows < N)[None, :]
+        tl.debug_barrier()  # the previous window's store seen by every thread of the CTA
+        ds += tl.load(tile, mask=tl.where(accumulate, inside, False), other=0.0)
+        tl.store(tile, ds, mask=inside)
 
 
 @triton.jit
@@ -677,15 +687,13 @@ def _short_backward_kernel(
     h = pid % H
     w = pid // H % num_masks
     first = pid // H // num_masks * per_program
-    rows = tl.arange(0, BLOCK)
     # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
     # window (held in registers it costs 32 more per thread, and spills)
     table_base = table_ptr + (w * H + h) * BLOCK * BLOCK
-    dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
     for image in range(first, tl.minimum(first + per_program, images)):
         z64 = tl.cast(image, tl.int64) * num_masks + w
         zh = z64 * H + h
-        ds = _short_window_backward(
+        _short_window_backward(
             q_ptr + z64 * sqz + h * sqh,
             k_ptr + z64 * skz + h * skh,
             v_ptr + z64 * svz + h * svh,
@@ -695,23 +703,20 @@ def _short_backward_kernel(
             dq_ptr + zh * N * D,
             dk_ptr + zh * N * D,
             dv_ptr + zh * N * D,
+            dbias_ptr + pid * N * N,  # this program's fp32 partial (chunks, nW, H, N, N)[...]
+            image > first,
             sqn,
             skn,
             svn,
             sdn,
             N,
             scale,
+            BIAS_GRAD,
             BLOCK,
             D,
             PRECISION,
             UPCAST,
         )
-        if BIAS_GRAD:
-            dbias += ds
-    if BIAS_GRAD:  # this program's own fp32 partial (chunks, nW, H, N, N)[chunk, w, h]
-        partial = dbias_ptr + pid * N * N
-        tile = partial + rows[:, None] * N + rows[None, :]
-        tl.store(tile, dbias, mask=(rows < N)[:, None] & (rows < N)[None, :])
 
 
 # ------------------------------------------------------------------------------------------

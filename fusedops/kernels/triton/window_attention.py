@@ -28,13 +28,14 @@ and ``_short_backward_kernel``, one program per (image chunk, window position w,
 grid dim 0, looping over the windows of its images that share ``bias[h] + mask[w]``; a
 window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The forward holds the
 table in registers (loaded once per program); the backward makes one pass per window-head
-(P recomputed once; dq, dk, dv written; dS added to the program's d_bias partial in registers,
+(P recomputed once; dq, dk, dv written; dS added to the program's own fp32 d_bias partial,
 partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
-copy the launcher pads to (block, block) with -inf (aligned loads, few registers). Its pass
-over one window-head is a function that is not inlined (``_short_window_backward``): inlined
-into the window loop, LLVM hoisted the loop-invariant shared-memory addresses of the products'
-operands (sm_90 wgmma descriptors, about 100 registers) out of the loop and the fp32 backward
-spilled.
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers). That pass
+is a function that is not inlined (``_short_window_backward``): inlined into the window loop,
+LLVM hoisted the loop-invariant shared-memory addresses of the products' operands (sm_90 wgmma
+descriptors, about 100 registers) out of the loop and the fp32 backward spilled. As Triton 3.6
+cannot return a tensor from such a function, it adds dS to the partial in memory itself
+(read-add-store per window, L2-resident) rather than to a register tile of the caller.
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
@@ -637,7 +638,7 @@ def _short_window_backward(
         q = _load_rows(q_base, rows, sqn, N, D)
         dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
     tl.store(dk_base + out, dk.to(dk_base.dtype.element_ty), mask=row_ok)
-    if BIAS_GRAD:  # read-add-store of the program's partial, the same bits as in registers
+    if BIAS_GRAD:  # read-add-store of the program's partial: the sums a register tile made
         tile = dbias_base + rows[:, None] * N + rows[None, :]
         inside = row_ok & (rows < N)[None, :]
         tl.debug_barrier()  # the previous window's store seen by every thread of the CTA

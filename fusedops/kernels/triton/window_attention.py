@@ -30,12 +30,14 @@ window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The for
 table in registers (loaded once per program); the backward makes one pass per window-head
 (P recomputed once; dq, dk, dv written; dS added to the program's own fp32 d_bias partial,
 partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
-copy the launcher pads to (block, block) with -inf (aligned loads, few registers). That pass
-is a function that is not inlined (``_short_window_backward``): inlined into the window loop,
-LLVM hoisted the loop-invariant shared-memory addresses of the products' operands (sm_90 wgmma
-descriptors, about 100 registers) out of the loop and the fp32 backward spilled. As Triton 3.6
-cannot return a tensor from such a function, it adds dS to the partial in memory itself
-(read-add-store per window, L2-resident) rather than to a register tile of the caller.
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers). With fp32
+tf32x3 products (``CALL_PASS``) that pass is a function call, not inlined
+(``_short_window_backward_call``): inlined into the window loop, LLVM hoisted the
+loop-invariant shared-memory addresses of the products' operands (sm_90 wgmma descriptors,
+about 100 registers) out of the loop and it spilled; as Triton 3.6 cannot return a tensor from
+such a function, the call adds dS to the partial in memory (read-add-store per window,
+L2-resident) rather than to a register tile. The cost: ptxas serializes every wgmma of a
+kernel that makes a call (sm_90), hence inlined passes for the other dtypes, spill-free.
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
@@ -557,41 +559,35 @@ def _short_forward_kernel(
         tl.store(lse_ptr + out_rows, lse, mask=rows < N)
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def _short_window_backward(
     q_base,
     k_base,
     v_base,
     do_base,
-    lse_base,
+    lse_ptr,
     table_base,
-    dq_base,
-    dk_base,
-    dv_base,
-    dbias_base,
-    accumulate,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    zh,
     sqn,
     skn,
     svn,
     sdn,
     N,
     scale,
-    BIAS_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
     D: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """One window-head of ``_short_backward_kernel``: dq, dk, dv of its N rows (inputs at the
-    ``*_base`` pointers with row strides ``s?n``; gradients contiguous (N, D) at ``d?_base``)
-    stored and, with BIAS_GRAD, its dS added to the fp32 (N, N) partial at ``dbias_base``
-    (stored there if not ``accumulate``: the program's first window). Not inlined: in the
-    caller's window loop, LLVM hoisted every loop-invariant shared-memory descriptor of the
-    products' operands out of the loop (sm_90: ~100 registers held, the spills). Returns
-    nothing: Triton 3.6 cannot return a tensor from a function that is not inlined."""
+    """Window-head ``zh`` of ``_short_backward_kernel``: dq, dk, dv of its N rows (inputs at
+    the ``*_base`` pointers with row strides ``s?n``; gradients contiguous (Z, H, N, D) at
+    ``d?_ptr``) stored; returns its fp32 dS (BLOCK, BLOCK) for the d_bias partial."""
     rows = tl.arange(0, BLOCK)
-    lse = tl.load(lse_base + rows, mask=rows < N, other=float("inf"))
-    out = rows[:, None] * D + tl.arange(0, D)[None, :]
+    lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
+    out = (zh * N + rows)[:, None] * D + tl.arange(0, D)[None, :]
     row_ok = (rows < N)[:, None]
     # Fewer tiles live at once: each input loaded where it is used (again where used twice:
     # L1-resident), each gradient stored as soon as it is made.
@@ -607,7 +603,7 @@ def _short_window_backward(
         do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
         p_hi, p_lo = _tf32_split(tl.trans(p))
         dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
-        tl.store(dv_base + out, dv.to(dv_base.dtype.element_ty), mask=row_ok)
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
         do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
         v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
         dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
@@ -618,7 +614,7 @@ def _short_window_backward(
         p = tl.exp(s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None])
         do = _load_rows(do_base, rows, sdn, N, D)
         dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-        tl.store(dv_base + out, dv.to(dv_base.dtype.element_ty), mask=row_ok)
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
         dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
     # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
     ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
@@ -626,7 +622,7 @@ def _short_window_backward(
         ds_hi, ds_lo = _tf32_split(ds)
         k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
         dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
-        tl.store(dq_base + out, dq.to(dq_base.dtype.element_ty), mask=row_ok)
+        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
         q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
         dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
         ds = ds_hi + ds_lo  # ds exactly, for d_bias: ds itself is dead by now
@@ -634,13 +630,36 @@ def _short_window_backward(
         ds_in = ds.to(q.dtype)
         k = _load_rows(k_base, rows, skn, N, D)
         dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
-        tl.store(dq_base + out, dq.to(dq_base.dtype.element_ty), mask=row_ok)
+        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
         q = _load_rows(q_base, rows, sqn, N, D)
         dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
-    tl.store(dk_base + out, dk.to(dk_base.dtype.element_ty), mask=row_ok)
+    tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
+    return ds
+
+
+# The parameters of _short_window_backward with the d_bias partial's, kept compact.
+# fmt: off
+@triton.jit(noinline=True)
+def _short_window_backward_call(
+    q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+    dbias_base, accumulate, sqn, skn, svn, sdn, N, scale, BIAS_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # fmt: on
+    """``_short_window_backward`` as a function call (not inlined), its dS added to the fp32
+    (N, N) d_bias partial at ``dbias_base`` with BIAS_GRAD (stored there if not
+    ``accumulate``: the program's first window). Inlined into the caller's window loop, the
+    fp32 tf32x3 pass spilled: LLVM hoisted the products' loop-invariant shared-memory
+    descriptors out of the loop (sm_90: ~100 registers held across it). Returns nothing:
+    Triton 3.6 cannot return a tensor from a function that is not inlined."""
+    ds = _short_window_backward(
+        q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+        sqn, skn, svn, sdn, N, scale, BLOCK, D, PRECISION, UPCAST,
+    )  # fmt: skip
     if BIAS_GRAD:  # read-add-store of the program's partial: the sums a register tile made
+        rows = tl.arange(0, BLOCK)
         tile = dbias_base + rows[:, None] * N + rows[None, :]
-        inside = row_ok & (rows < N)[None, :]
+        inside = (rows < N)[:, None] & (rows < N)[None, :]
         tl.debug_barrier()  # the previous window's store seen by every thread of the CTA
         ds += tl.load(tile, mask=tl.where(accumulate, inside, False), other=0.0)
         tl.store(tile, ds, mask=inside)
@@ -681,6 +700,7 @@ def _short_backward_kernel(
     D: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    CALL_PASS: tl.constexpr = False,
 ):
     # program (chunk, w, h) on grid dim 0: head h of window position w (the windows sharing
     # bias[h] + mask[w]) in the images of its chunk
@@ -691,33 +711,32 @@ def _short_backward_kernel(
     # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
     # window (held in registers it costs 32 more per thread, and spills)
     table_base = table_ptr + (w * H + h) * BLOCK * BLOCK
+    partial = dbias_ptr + pid * N * N  # this program's own fp32 partial (chunks, nW, H, N, N)
+    rows = tl.arange(0, BLOCK)
+    dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # CALL_PASS: the partial in memory
     for image in range(first, tl.minimum(first + per_program, images)):
         z64 = tl.cast(image, tl.int64) * num_masks + w
         zh = z64 * H + h
-        _short_window_backward(
-            q_ptr + z64 * sqz + h * sqh,
-            k_ptr + z64 * skz + h * skh,
-            v_ptr + z64 * svz + h * svh,
-            do_ptr + z64 * sdz + h * sdh,
-            lse_ptr + zh * N,
-            table_base,
-            dq_ptr + zh * N * D,
-            dk_ptr + zh * N * D,
-            dv_ptr + zh * N * D,
-            dbias_ptr + pid * N * N,  # this program's fp32 partial (chunks, nW, H, N, N)[...]
-            image > first,
-            sqn,
-            skn,
-            svn,
-            sdn,
-            N,
-            scale,
-            BIAS_GRAD,
-            BLOCK,
-            D,
-            PRECISION,
-            UPCAST,
-        )
+        q_base = q_ptr + z64 * sqz + h * sqh
+        k_base = k_ptr + z64 * skz + h * skh
+        v_base = v_ptr + z64 * svz + h * svh
+        do_base = do_ptr + z64 * sdz + h * sdh
+        if CALL_PASS:
+            _short_window_backward_call(
+                q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+                partial, image > first, sqn, skn, svn, sdn, N, scale,
+                BIAS_GRAD, BLOCK, D, PRECISION, UPCAST,
+            )  # fmt: skip
+        else:
+            ds = _short_window_backward(
+                q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+                sqn, skn, svn, sdn, N, scale, BLOCK, D, PRECISION, UPCAST,
+            )  # fmt: skip
+            if BIAS_GRAD:
+                dbias += ds
+    if BIAS_GRAD and not CALL_PASS:
+        tile = partial + rows[:, None] * N + rows[None, :]
+        tl.store(tile, dbias, mask=(rows < N)[:, None] & (rows < N)[None, :])
 
 
 # ------------------------------------------------------------------------------------------
@@ -767,7 +786,14 @@ def launch_options(
         # one stage: the window loop's loads are not pipelined (the shared memory and the
         # registers it takes cost more than the latency it hides at 2 programs per SM)
         short = dict(BLOCK=block, D=d, num_warps=_warps(block), num_stages=1, **dot)
-        return {"_short_forward_kernel": short, "_short_backward_kernel": dict(short)}
+        # the backward's per-window pass a function call where inlined it spills (fp32
+        # tf32x3 at Swin-T); elsewhere inlined: ptxas serializes every wgmma of a kernel with
+        # a call (sm_90, info C7510), and there the inlined pass is spill-free
+        call = dot["PRECISION"] == "tf32x3"
+        return {
+            "_short_forward_kernel": short,
+            "_short_backward_kernel": dict(short, CALL_PASS=call),
+        }
     block, stages = _caps("_forward_kernel", d, dtype, MAX_BLOCK)
     block = _block(n, block)
     options = {

@@ -25,6 +25,9 @@ GRAD_SCALE = 4.0
 # (windows Z = batch * nW, heads, N, d, bias, mask: None | (nW, fill value), dtype)
 CASES = [
     (3, 2, 1, 16, True, None, F32),
+    # a program's d_bias partial sums 2 windows on the CPU (fp32: in memory, 16-bit: registers)
+    (4, 1, 16, 16, True, None, F32),
+    (4, 1, 16, 16, True, None, BF16),
     (4, 3, 16, 32, True, (2, -100.0), F16),
     (6, 2, 49, 32, True, (3, -100.0), BF16),  # Swin: 7x7 windows, shift mask
     (5, 1, 49, 16, False, (5, float("-inf")), F32),

@@ -28,9 +28,16 @@ and ``_short_backward_kernel``, one program per (image chunk, window position w,
 grid dim 0, looping over the windows of its images that share ``bias[h] + mask[w]``; a
 window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The forward holds the
 table in registers (loaded once per program); the backward makes one pass per window-head
-(P recomputed once; dq, dk, dv written; dS added to the program's d_bias partial in registers,
+(P recomputed once; dq, dk, dv written; dS added to the program's own fp32 d_bias partial,
 partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
-copy the launcher pads to (block, block) with -inf (aligned loads, few registers).
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers). With fp32
+tf32x3 products (``CALL_PASS``) that pass is a function call, not inlined
+(``_short_window_backward_call``): inlined into the window loop, LLVM hoisted the
+loop-invariant shared-memory addresses of the products' operands (sm_90 wgmma descriptors,
+about 100 registers) out of the loop and it spilled; as Triton 3.6 cannot return a tensor from
+such a function, the call adds dS to the partial in memory (read-add-store per window,
+L2-resident) rather than to a register tile. The cost: ptxas serializes every wgmma of a
+kernel that makes a call (sm_90), hence inlined passes for the other dtypes, spill-free.
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
@@ -118,12 +125,15 @@ def _tf32_split(x):
 
 @triton.jit
 def _dot_split(a_hi, a_lo, b_hi, b_lo):
-    """``a @ b`` (fp32) from split operands (``_tf32_split``) in three TF32 products, the small
-    ones first, ``a_lo b_lo`` left out: Triton's ``"tf32x3"`` (each term within about 2^-21
-    of its fp32 value) with each operand split once however many products take it."""
-    acc = tl.dot(a_lo, b_hi, input_precision="tf32")
-    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    """``a @ b`` (fp32) from split operands (``_tf32_split``) in three TF32 products,
+    ``a_lo b_lo`` left out: Triton's ``"tf32x3"`` (each term within about 2^-21 of its fp32
+    value) with each operand split once however many products take it. Ordered so that each
+    operand's products are adjacent (b_lo, then a_hi, then b_hi, then a_lo: one operand live
+    across each step; on sm_80, where every warp holds all of b, Triton's order ``a_lo b_hi,
+    a_hi b_lo, a_hi b_hi`` cost the short backward 580 B/thread of spills at Swin-T)."""
+    acc = tl.dot(a_hi, b_lo, input_precision="tf32")
+    acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    return tl.dot(a_lo, b_hi, acc, input_precision="tf32")
 
 
 @triton.jit
@@ -550,6 +560,112 @@ def _short_forward_kernel(
 
 
 @triton.jit
+def _short_window_backward(
+    q_base,
+    k_base,
+    v_base,
+    do_base,
+    lse_ptr,
+    table_base,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    zh,
+    sqn,
+    skn,
+    svn,
+    sdn,
+    N,
+    scale,
+    BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Window-head ``zh`` of ``_short_backward_kernel``: dq, dk, dv of its N rows (inputs at
+    the ``*_base`` pointers with row strides ``s?n``; gradients contiguous (Z, H, N, D) at
+    ``d?_ptr``) stored; returns its fp32 dS (BLOCK, BLOCK) for the d_bias partial."""
+    rows = tl.arange(0, BLOCK)
+    lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
+    out = (zh * N + rows)[:, None] * D + tl.arange(0, D)[None, :]
+    row_ok = (rows < N)[:, None]
+    # Fewer tiles live at once: each input loaded where it is used (again where used twice:
+    # L1-resident), each gradient stored as soon as it is made.
+    if PRECISION == "tf32x3":
+        # fp32 products as three TF32 ones from operands split here (Triton's own "tf32x3"
+        # splits per product, ds twice: 1,668 B/thread of spills on sm_90 and 28,548 B on sm_80
+        # at N = 49, d = 32 with Triton 3.9); do, q and k re-read and split again where a
+        # second product takes them rather than held
+        q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+        k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+        s = _dot_split(q_hi, q_lo, tl.trans(k_hi), tl.trans(k_lo)) * scale
+        p = tl.exp(s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None])
+        do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+        p_hi, p_lo = _tf32_split(tl.trans(p))
+        dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+        do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
+        v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
+        dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
+    else:
+        q = _load_rows(q_base, rows, sqn, N, D)
+        k = _load_rows(k_base, rows, skn, N, D)
+        s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
+        p = tl.exp(s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None])
+        do = _load_rows(do_base, rows, sdn, N, D)
+        dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+        tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+        dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
+    # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
+    ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+    if PRECISION == "tf32x3":
+        ds_hi, ds_lo = _tf32_split(ds)
+        k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
+        dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
+        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+        q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
+        dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
+        ds = ds_hi + ds_lo  # ds exactly, for d_bias: ds itself is dead by now
+    else:
+        ds_in = ds.to(q.dtype)
+        k = _load_rows(k_base, rows, skn, N, D)
+        dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
+        tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
+        q = _load_rows(q_base, rows, sqn, N, D)
+        dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
+    tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
+    return ds
+
+
+# The parameters of _short_window_backward with the d_bias partial's, kept compact.
+# fmt: off
+@triton.jit(noinline=True)
+def _short_window_backward_call(
+    q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+    dbias_base, accumulate, sqn, skn, svn, sdn, N, scale, BIAS_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr, D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # fmt: on
+    """``_short_window_backward`` as a function call (not inlined), its dS added to the fp32
+    (N, N) d_bias partial at ``dbias_base`` with BIAS_GRAD (stored there if not
+    ``accumulate``: the program's first window). Inlined into the caller's window loop, the
+    fp32 tf32x3 pass spilled: LLVM hoisted the products' loop-invariant shared-memory
+    descriptors out of the loop (sm_90: ~100 registers held across it). Returns nothing:
+    Triton 3.6 cannot return a tensor from a function that is not inlined."""
+    ds = _short_window_backward(
+        q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+        sqn, skn, svn, sdn, N, scale, BLOCK, D, PRECISION, UPCAST,
+    )  # fmt: skip
+    if BIAS_GRAD:  # read-add-store of the program's partial: the sums a register tile made
+        rows = tl.arange(0, BLOCK)
+        tile = dbias_base + rows[:, None] * N + rows[None, :]
+        inside = (rows < N)[:, None] & (rows < N)[None, :]
+        tl.debug_barrier()  # the previous window's store seen by every thread of the CTA
+        ds += tl.load(tile, mask=tl.where(accumulate, inside, False), other=0.0)
+        tl.store(tile, ds, mask=inside)
+
+
+@triton.jit
 def _short_backward_kernel(
     q_ptr,
     k_ptr,
@@ -584,6 +700,7 @@ def _short_backward_kernel(
     D: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    CALL_PASS: tl.constexpr = False,
 ):
     # program (chunk, w, h) on grid dim 0: head h of window position w (the windows sharing
     # bias[h] + mask[w]) in the images of its chunk
@@ -591,76 +708,33 @@ def _short_backward_kernel(
     h = pid % H
     w = pid // H % num_masks
     first = pid // H // num_masks * per_program
-    rows = tl.arange(0, BLOCK)
-    cols_d = tl.arange(0, D)
     # bias[h] + mask[w] as the launcher padded it (-inf outside the window): re-read per
     # window (held in registers it costs 32 more per thread, and spills)
     table_base = table_ptr + (w * H + h) * BLOCK * BLOCK
-    dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    partial = dbias_ptr + pid * N * N  # this program's own fp32 partial (chunks, nW, H, N, N)
+    rows = tl.arange(0, BLOCK)
+    dbias = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)  # CALL_PASS: the partial in memory
     for image in range(first, tl.minimum(first + per_program, images)):
         z64 = tl.cast(image, tl.int64) * num_masks + w
         zh = z64 * H + h
         q_base = q_ptr + z64 * sqz + h * sqh
         k_base = k_ptr + z64 * skz + h * skh
-        do_base = do_ptr + z64 * sdz + h * sdh
         v_base = v_ptr + z64 * svz + h * svh
-        lse = tl.load(lse_ptr + zh * N + rows, mask=rows < N, other=float("inf"))
-        out = (zh * N + rows)[:, None] * D + cols_d[None, :]
-        row_ok = (rows < N)[:, None]
-        # Fewer tiles live at once: each input loaded where it is used (again where used
-        # twice: L1-resident), each gradient stored as soon as it is made.
-        if PRECISION == "tf32x3":
-            # fp32 products as three TF32 ones from operands split here (Triton's own
-            # "tf32x3" splits per product, ds twice: 1,668 B/thread of spills on sm_90 and
-            # 28,548 B on sm_80 at N = 49, d = 32 with Triton 3.9); do, q and k re-read and
-            # split again where a second product takes them rather than held
-            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
-            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
-            s = _dot_split(q_hi, q_lo, tl.trans(k_hi), tl.trans(k_lo)) * scale
-            p = tl.exp(
-                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
-            )
-            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
-            p_hi, p_lo = _tf32_split(tl.trans(p))
-            dv = _dot_split(p_hi, p_lo, do_hi, do_lo)
-            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
-            do_hi, do_lo = _tf32_split(_load_rows(do_base, rows, sdn, N, D))
-            v_hi, v_lo = _tf32_split(tl.trans(_load_rows(v_base, rows, svn, N, D)))
-            dp = _dot_split(do_hi, do_lo, v_hi, v_lo)
+        do_base = do_ptr + z64 * sdz + h * sdh
+        if CALL_PASS:
+            _short_window_backward_call(
+                q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+                partial, image > first, sqn, skn, svn, sdn, N, scale,
+                BIAS_GRAD, BLOCK, D, PRECISION, UPCAST,
+            )  # fmt: skip
         else:
-            q = _load_rows(q_base, rows, sqn, N, D)
-            k = _load_rows(k_base, rows, skn, N, D)
-            s = _dot(q, tl.trans(k), PRECISION, UPCAST) * scale
-            p = tl.exp(
-                s + tl.load(table_base + rows[:, None] * BLOCK + rows[None, :]) - lse[:, None]
-            )
-            do = _load_rows(do_base, rows, sdn, N, D)
-            dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-            tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
-            dp = _dot(do, tl.trans(_load_rows(v_base, rows, svn, N, D)), PRECISION, UPCAST)
-        # every key of these rows is here: the softmax backward's rowsum(P dP), exactly
-        ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])
-        if PRECISION == "tf32x3":
-            ds_hi, ds_lo = _tf32_split(ds)
-            k_hi, k_lo = _tf32_split(_load_rows(k_base, rows, skn, N, D))
-            dq = _dot_split(ds_hi, ds_lo, k_hi, k_lo) * scale
-            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
-            q_hi, q_lo = _tf32_split(_load_rows(q_base, rows, sqn, N, D))
-            dk = _dot_split(tl.trans(ds_hi), tl.trans(ds_lo), q_hi, q_lo) * scale
-            if BIAS_GRAD:  # here, not before the products: ds itself is dead by now
-                dbias += ds_hi + ds_lo  # ds exactly
-        else:
-            ds_in = ds.to(q.dtype)
-            k = _load_rows(k_base, rows, skn, N, D)
-            dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
-            tl.store(dq_ptr + out, dq.to(dq_ptr.dtype.element_ty), mask=row_ok)
-            q = _load_rows(q_base, rows, sqn, N, D)
-            dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
+            ds = _short_window_backward(
+                q_base, k_base, v_base, do_base, lse_ptr, table_base, dq_ptr, dk_ptr, dv_ptr, zh,
+                sqn, skn, svn, sdn, N, scale, BLOCK, D, PRECISION, UPCAST,
+            )  # fmt: skip
             if BIAS_GRAD:
                 dbias += ds
-        tl.store(dk_ptr + out, dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
-    if BIAS_GRAD:  # this program's own fp32 partial (chunks, nW, H, N, N)[chunk, w, h]
-        partial = dbias_ptr + pid * N * N
+    if BIAS_GRAD and not CALL_PASS:
         tile = partial + rows[:, None] * N + rows[None, :]
         tl.store(tile, dbias, mask=(rows < N)[:, None] & (rows < N)[None, :])
 
@@ -712,7 +786,14 @@ def launch_options(
         # one stage: the window loop's loads are not pipelined (the shared memory and the
         # registers it takes cost more than the latency it hides at 2 programs per SM)
         short = dict(BLOCK=block, D=d, num_warps=_warps(block), num_stages=1, **dot)
-        return {"_short_forward_kernel": short, "_short_backward_kernel": dict(short)}
+        # the backward's per-window pass a function call where inlined it spills (fp32
+        # tf32x3 at Swin-T); elsewhere inlined: ptxas serializes every wgmma of a kernel with
+        # a call (sm_90, info C7510), and there the inlined pass is spill-free
+        call = dot["PRECISION"] == "tf32x3"
+        return {
+            "_short_forward_kernel": short,
+            "_short_backward_kernel": dict(short, CALL_PASS=call),
+        }
     block, stages = _caps("_forward_kernel", d, dtype, MAX_BLOCK)
     block = _block(n, block)
     options = {

@@ -111,9 +111,17 @@ __device__ __forceinline__ void store4(T* dst, const Pack4<T>& pack) {
   *reinterpret_cast<Pack4<T>*>(dst) = pack;
 }
 
+// CTAs per SM asked of ptxas (__launch_bounds__'s second argument); 0 leaves the choice to
+// ptxas. The scalar loop without a master copy fits 32 registers (4 CTAs of 512 threads) without
+// spills; left to itself ptxas (nvcc 13.0) took 34-36 registers for fp32 (3 CTAs).
+template <bool kMaster, bool kVec>
+constexpr int adam_min_blocks() {
+  return kVec || kMaster ? 0 : 4;
+}
+
 // kVec: the host checked chunk_size % 4 == 0 and the 4-element alignment of every array.
 template <typename P, typename S, bool kMaster, bool kAmsgrad, bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (adam_min_blocks<kMaster, kVec>()))
     adam_kernel(const AdamTable table, const AdamOptions opt, const int64_t chunk_size) {
   if (opt.found_inf != nullptr && *opt.found_inf != 0.0f) return;
   const int slot = table.block_to_tensor[blockIdx.x];
@@ -175,6 +183,10 @@ __global__ void __launch_bounds__(kThreads)
                                       kAmsgrad ? max_exp_avg_sq + i : nullptr);
     }
   } else {
+    // Not unrolled: nvcc unrolled this loop 4x for fp32 (its remainder count a 64-bit division
+    // by blockDim.x, a called subroutine) and ptxas then spilled at 32 registers on sm_80; the
+    // unrolled copies kept each iteration's loads behind the previous one's stores anyway.
+#pragma unroll 1
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
       adam_element<kMaster, kAmsgrad>(opt, c, grad + i, param + i, kMaster ? master + i : nullptr,
                                       exp_avg + i, exp_avg_sq + i,

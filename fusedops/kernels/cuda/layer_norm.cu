@@ -157,8 +157,24 @@ __device__ __forceinline__ void store_y_values(void* y, int64_t row_start, int j
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+// CTAs per SM asked of ptxas (__launch_bounds__'s second argument) for a forward instantiation;
+// 0 leaves the choice to ptxas. Left to itself, ptxas (nvcc 13.0) traded a few bytes of spills
+// for occupancy in some one-element-access (kVec = 1) instantiations: a block per row of 32
+// values per thread at 64 registers (4 CTAs; 8-24 B spills), fp32 16 values per thread at 40
+// (6 CTAs). With these minimums every instantiation compiles without spills or local memory on
+// sm_80 and sm_90: fp32 block rows of 32 values at 64 registers (4 CTAs); 16-bit ones need 80
+// (3 CTAs; at 64 they spill 24-72 B); fp32 16 values at 40 with a warp per row (6 CTAs) and 48
+// with a block per row (5 CTAs; at 40 they spill). The other instantiations are unchanged.
+template <typename T, int kRowWarps, int kVpt, int kVec>
+constexpr int forward_min_blocks() {
+  if (kVec != 1) return 0;
+  if (kVpt == 32 && kRowWarps == kWarpsPerBlock) return sizeof(T) == 4 ? 4 : 3;
+  if (kVpt == 16 && sizeof(T) == 4) return kRowWarps == 1 ? 6 : 5;
+  return 0;
+}
+
 template <typename T, typename W, int kRowWarps, int kVpt, int kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kVpt, kVec>()))
     forward_register_kernel(const T* __restrict__ x, const W* __restrict__ weight,
                             const W* __restrict__ bias, void* __restrict__ y,
                             float* __restrict__ mean_out, float* __restrict__ rstd_out,

@@ -10,12 +10,14 @@ as ``(M, H)`` rows, math in fp32.
   fixed order (no atomics: the same bits every run).
 
 A tile is ``(BLOCK_M, BLOCK_N)`` of src, loaded and stored whole, so a thread holds 8
-consecutive 16-bit elements (16-byte accesses where rows are aligned). When every quad (four
-consecutive elements) starts at a multiple of 4 in x (H % 4 == 0, or a single row), one
-``tl.randint4x`` call on a ``(BLOCK_M, BLOCK_N // 4)`` tensor gives the words of each quad and
-``tl.join`` / ``tl.reshape`` lay them out as the tile's columns (register moves, no shared
-memory); otherwise each element runs its own Philox call (4x the arithmetic, same bits).
-Without a bias src is viewed as one row (M = 1, H = numel).
+consecutive 16-bit elements (16-byte accesses where rows are aligned; ``blocks`` picks the
+warps so that one tile row spans them). When every quad (four consecutive elements) starts at
+a multiple of 4 in x (H % 4 == 0, or a single row), one ``tl.randint4x`` call on a
+``(BLOCK_M, BLOCK_N // 4)`` tensor gives the words of each quad and ``tl.join`` /
+``tl.reshape`` lay them out as the tile's columns (register moves, no shared memory);
+otherwise each element runs its own Philox call (4x the arithmetic, same bits). fp32 stores
+of a 16-bit tile (an fp32 residual stream, the partial sums) go out as two 16-byte vectors a
+thread (``_store``). Without a bias src is viewed as one row (M = 1, H = numel).
 """
 
 from __future__ import annotations
@@ -56,6 +58,31 @@ def _keep(seed_ptr, rows, col0, H, threshold, GROUPED: tl.constexpr, BLOCK_N: tl
         w0, w1, w2, w3 = tl.randint4x(key, offset + (index >> 2))
         word = tl.where(which == 0, w0, tl.where(which == 1, w1, tl.where(which == 2, w2, w3)))
     return word.to(tl.int64) >= threshold
+
+
+@triton.jit
+def _store(ptr, src_ptr, row0, ROWS: tl.constexpr, M, col0, H, y, BLOCK_N: tl.constexpr):
+    """Store the fp32 tile ``y`` (ROWS, BN), rows ``row0 + [0, ROWS)`` (< M) and columns
+    ``col0 + [0, BN)`` (< H) of ``ptr`` viewed as (M, H), in ptr's dtype. Where ptr's elements
+    are twice src's width (fp32 out of a 16-bit tile, whose thread holds 8 columns), the tile is
+    stored as (2, ROWS, BN // 8, 4): each thread's columns as two 16-byte vectors from its own
+    registers (a (ROWS, BN) store would take 4 columns a thread: a shared-memory shuffle)."""
+    if ptr.dtype.element_ty.primitive_bitwidth == 2 * src_ptr.dtype.element_ty.primitive_bitwidth:
+        ptr += row0 * H  # rows counted from row0 (8 bytes of spills at sm_80 otherwise)
+        rows = tl.arange(0, ROWS)[None, :, None, None]
+        cols = (
+            col0
+            + 4 * tl.arange(0, 2)[:, None, None, None]
+            + 8 * tl.arange(0, BLOCK_N // 8)[None, None, :, None]
+            + tl.arange(0, 4)[None, None, None, :]
+        )
+        y = tl.permute(tl.reshape(y, (ROWS, BLOCK_N // 8, 2, 4)), (2, 0, 1, 3))
+        mask = (rows < M - row0) & (cols < H)
+    else:
+        rows = (row0 + tl.arange(0, ROWS))[:, None]
+        cols = (col0 + tl.arange(0, BLOCK_N))[None, :]
+        mask = (rows < M) & (cols < H)
+    tl.store(ptr + rows * H + cols, y.to(ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -105,25 +132,36 @@ def _kernel(
             acc += y
         if HAS_RESIDUAL:
             y += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+        _store(out_ptr, src_ptr, start, BLOCK_M, M, col0, H, y, BLOCK_N)
     if REDUCE:
-        partial = group.to(tl.int64) * H + cols[None, :]
-        tl.store(partial_ptr + partial, tl.sum(acc, axis=0)[None, :], mask=col_mask)
+        total = tl.sum(acc, axis=0)[None, :]
+        _store(partial_ptr, src_ptr, group.to(tl.int64), 1, groups, col0, H, total, BLOCK_N)
 
 
-def blocks(rows: int, width: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the kernel over (rows, width): tile columns a power of 2 >= 4
-    (whole quads), at most ``MAX_BLOCK_N`` with rows (a single row takes ``TILE_ELEMENTS``)."""
+def blocks(
+    rows: int, width: int, itemsize: int, grouped: bool = True, reduce: bool = False
+) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the kernel over (rows, width) of ``itemsize``-byte src
+    elements. Tile columns: a power of 2 >= 8 (whole quads; 16 bytes of 16-bit elements), at
+    most ``MAX_BLOCK_N`` with rows (a single row takes ``TILE_ELEMENTS``). Warps: as many (<= 4)
+    as one tile row fills at 16 bytes a thread, so no warp splits a column (no cross-warp sum;
+    the bias row takes the tile's layout). Rows: ``TILE_ELEMENTS / 4`` elements a warp, half
+    that where each element runs its own Philox call (``grouped`` False: 255 registers and
+    spills at sm_90) or an fp32 tile keeps an fp32 bias-gradient sum (``reduce``: 168
+    registers at sm_90, 3 CTAs/SM, fewer than the programs the reduction puts on an SM)."""
     widest = MAX_BLOCK_N if rows > 1 else TILE_ELEMENTS
-    block_n = max(4, min(widest, next_power_of_2(width)))
-    return max(1, min(TILE_ELEMENTS // block_n, next_power_of_2(rows))), block_n
+    block_n = max(8, min(widest, next_power_of_2(width)))
+    warps = max(1, min(4, block_n * itemsize // 512))
+    tile = TILE_ELEMENTS * warps // (4 if grouped and not (reduce and itemsize == 4) else 8)
+    return max(1, min(tile // block_n, next_power_of_2(rows))), block_n, warps
 
 
 def _launch(src, bias, residual, out, seed, p: float, rows: int, width: int, reduce: bool):
     """Run the kernel over src viewed as (rows, width); returns the fp32 partial rows of the
     column sums when ``reduce``."""
     mode = philox.dropout_mode(p, seed is not None)
-    block_m, block_n = blocks(rows, width)
+    grouped = width % 4 == 0 or rows == 1
+    block_m, block_n, warps = blocks(rows, width, src.element_size(), grouped, reduce)
     column_blocks = cdiv(width, block_n)
     groups = min(cdiv(rows, block_m), MAX_GROUPS)
     partial = src  # a dummy pointer where nothing is reduced (never touched)
@@ -145,10 +183,10 @@ def _launch(src, bias, residual, out, seed, p: float, rows: int, width: int, red
         HAS_RESIDUAL=residual is not None,
         REDUCE=reduce,
         MODE=mode,
-        GROUPED=width % 4 == 0 or rows == 1,
+        GROUPED=grouped,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        num_warps=4,
+        num_warps=warps,
     )
     return partial
 

@@ -435,15 +435,14 @@ def elementwise_launches(dtype: torch.dtype) -> list[Launch]:
     for m, h in ((32 * 65, 384), (16384, 4096)):
         shape = f"({m}, {h}) p={p}"
         for reduce in (False, True):  # forward; backward with the bias gradient
-            block_n4 = max(1, min(bda.MAX_BLOCK_N, triton.next_power_of_2(h)) // 4)
-            block_m = max(1, min(bda.TILE_ELEMENTS // (4 * block_n4), triton.next_power_of_2(m)))
+            block_m, block_n, warps = bda.blocks(m, h, es, h % 4 == 0, reduce)
             constexprs = dict(
                 HAS_BIAS=not reduce, HAS_RESIDUAL=not reduce, REDUCE=reduce,
                 MODE=philox.dropout_mode(p, True), GROUPED=h % 4 == 0,
-                BLOCK_M=block_m, BLOCK_N4=block_n4,
+                BLOCK_M=block_m, BLOCK_N=block_n,
             )  # fmt: skip
             ideal = (4 * m * h * es + h * es) if not reduce else (2 * m * h * es + h * es)
-            rows.append(Launch("bias_dropout_add", bda._kernel, dtype, shape, constexprs,
+            rows.append(Launch("bias_dropout_add", bda._kernel, dtype, shape, constexprs, warps,
                                types=types, ideal=ideal, divisible=("M", "H")))  # fmt: skip
     return rows
 

@@ -90,9 +90,11 @@ def _rounds_terms_in_16_bits(op, x, n, backend):
 
 def _term_magnitudes(op, x, shape, weight, grad, eps=EPS):
     """Sizes of the terms torch's 16-bit CPU LayerNorm rounds (``_rounds_terms_in_16_bits``):
-    (dx's, dweight's sum_rows |dy * xhat|, dbias's sum_rows |dy|). dx is ``rstd * (g - xhat *
-    mean(g * xhat) - mean(g))`` with ``g = dy * weight`` and mean and rstd kept in 16 bits, so
-    xhat carries an error of the 16-bit roundoff of ``|xhat| + rstd * |mean|``."""
+    (dx's, dweight's sum_rows |dy| * (|xhat| + rstd * |mean|), dbias's sum_rows |dy|). dx is
+    ``rstd * (g - xhat * mean(g * xhat) - mean(g))`` with ``g = dy * weight`` and mean and rstd
+    kept in 16 bits, so xhat carries an error of the 16-bit roundoff of ``|xhat| + rstd *
+    |mean|``, in dweight's products too (an x equal to its row's 16-bit mean gives xhat 0
+    exactly where the float64 oracle's is 1e-16: the bound must not be |xhat|'s)."""
     n = math.prod(shape)
     rows = x.detach().double().reshape(-1, n)
     mean = rows.mean(dim=1, keepdim=True)
@@ -104,7 +106,7 @@ def _term_magnitudes(op, x, shape, weight, grad, eps=EPS):
     xhat_size = xhat.abs() + rstd * mean.abs()
     c1_size = (g * xhat_size).mean(dim=1, keepdim=True)
     dx = rstd * (g + xhat_size * c1_size + g.mean(dim=1, keepdim=True))
-    return dx.view(x.shape), (dy * xhat.abs()).sum(0).view(shape), dy.sum(0).view(shape)
+    return dx.view(x.shape), (dy * xhat_size).sum(0).view(shape), dy.sum(0).view(shape)
 
 
 def _check(actual, expected, x_dtype, weight, bias, scales=(1.0, 1.0), term_magnitudes=None):

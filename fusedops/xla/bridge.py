@@ -280,15 +280,13 @@ def to_jax(t, device=None):
         return t
     if device is None:
         device = jax_device(t.device)
-    if t.device.type == "cpu" and device.platform != "cpu":
+    cpu = t.device.type == "cpu"
+    if cpu and device.platform != "cpu":
         return _import(t)
     if _is_parameter(t):
         return _cached_param(t, device)
-    if t.device.type == "cpu":
-        array = _unchanged_result(t)
-        if array is not None:
-            return array
-    return _import(t)
+    array = _unchanged_result(t) if cpu else None
+    return _import(t) if array is None else array
 
 
 def _bool_to_torch(a) -> torch.Tensor:

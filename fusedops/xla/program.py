@@ -143,19 +143,21 @@ class JaxProgram:
             else:
                 self._computed.append(o)
         # where each output comes from, worked out once: (_CONSTANT, value), (_INPUT, index
-        # of the placeholder), (_RESULT, index in _computed) or (_VIEW, the output node)
-        inputs = self._input_index = {n: i for i, n in enumerate(self.placeholders)}
+        # of the placeholder), (_RESULT, index in _computed) or (_VIEW, (the output node, index
+        # of the placeholder viewed, the view chain))
+        inputs = {n: i for i, n in enumerate(self.placeholders)}
         results = {n: i for i, n in enumerate(self._computed)}
-        self._plan = [
-            (_CONSTANT, o)
-            if not isinstance(o, torch.fx.Node)
-            else (_INPUT, inputs[o])
-            if o.op == "placeholder"
-            else (_VIEW, o)
-            if o in self._views
-            else (_RESULT, results[o])
-            for o in self.outputs
-        ]
+        self._plan = []
+        for o in self.outputs:
+            if not isinstance(o, torch.fx.Node):
+                self._plan.append((_CONSTANT, o))
+            elif o.op == "placeholder":
+                self._plan.append((_INPUT, inputs[o]))
+            elif o in self._views:
+                source, chain = self._views[o]
+                self._plan.append((_VIEW, (o, inputs[source], chain)))
+            else:
+                self._plan.append((_RESULT, results[o]))
         # results needing more than the crossing (``_result_fix``): index -> (complex32, to
         # the CPU when the call ran on an accelerator)
         self._fixes = {i: fix for i, fix in enumerate(map(_result_fix, self._computed)) if any(fix)}
@@ -239,22 +241,22 @@ class JaxProgram:
                 converted[index] = out = out.to(torch.complex32)
             if out is not None and to_cpu and not on_cpu:
                 converted[index] = out.cpu()
-        views = {}
-        for node, (source, chain) in self._views.items():
-            value = args[self._input_index[source]]
-            for op, args_after, kwargs in chain:
-                value = op(value, *args_after, **kwargs)
-            views[node] = value
-        outs = [
-            converted[where]
-            if kind is _RESULT
-            else args[where]
-            if kind is _INPUT
-            else views[where]
-            if kind is _VIEW
-            else where
-            for kind, where in self._plan
-        ]
+        outs, views = [], {}  # views: one tensor per view node, however often it is returned
+        for kind, where in self._plan:
+            if kind is _RESULT:
+                outs.append(converted[where])
+            elif kind is _INPUT:
+                outs.append(args[where])
+            elif kind is _VIEW:
+                node, source, chain = where
+                if node not in views:
+                    value = args[source]
+                    for op, args_after, kwargs in chain:
+                        value = op(value, *args_after, **kwargs)
+                    views[node] = value
+                outs.append(views[node])
+            else:
+                outs.append(where)
         if start is not None:
             self.compile_s = time.perf_counter() - start
         return outs

@@ -8,7 +8,9 @@ forward (exact: the forward is linear).
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +24,11 @@ aten = torch.ops.aten
 
 
 # ------------------------------------------------------------------------------ windows, indices
-def _windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
-    """Stack every kernel offset's strided view of ``x`` (N, C, *spatial) on a new last axis."""
+def _window_views(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
+    """Every kernel offset's strided view of ``x`` (N, C, *spatial), padded with
+    ``pad_value``: (the views, in row-major offset order, each (N, C, *out); the output sizes;
+    the (low, high) padding per spatial dim). Kept apart, not stacked: a reduction over a list
+    of views is one elementwise loop, where a stacked window axis is a strided copy first."""
     nd = len(kernel)
     spatial = x.shape[-nd:]
     out_sizes, pads = [], []
@@ -44,7 +49,7 @@ def _windows(x, kernel, stride, padding, dilation, ceil_mode, pad_value):
             ax = x.ndim - nd + axis
             view = lax.slice_in_dim(view, st, st + (out - 1) * s + 1, s, axis=ax)
         views.append(view)
-    return jnp.stack(views, axis=-1), out_sizes, pads
+    return views, out_sizes, pads
 
 
 def _pool_args(kernel, stride, padding, dilation, nd=2):
@@ -67,6 +72,18 @@ def _pick_max(windows, positions):
     return jnp.max(windows, axis=-1), index[..., 0]
 
 
+def _pick_max_of_views(views, positions):
+    """``_pick_max`` of the views stacked on a last axis, without stacking them: (the
+    elementwise max, the position of the first maximum), NaN counting as the largest (its first
+    occurrence wins), as ``jnp.argmax``'s."""
+    best, index = views[0], jnp.broadcast_to(positions[0], views[0].shape)
+    for view, position in zip(views[1:], positions[1:]):
+        take = (view > best) | (jnp.isnan(view) & ~jnp.isnan(best))
+        best = jnp.where(take, view, best)
+        index = jnp.where(take, position, index)
+    return best, index
+
+
 def _indices_backward(grad, x, indices, nd: int):
     """The gradient of a max pool: ``grad`` added at ``indices`` of each flattened plane."""
     planes = math.prod(x.shape[-nd:])
@@ -80,11 +97,11 @@ def _indices_backward(grad, x, indices, nd: int):
 # -------------------------------------------------------------------------------------- max pools
 def _max_pool(x, kernel, stride, padding, dilation, ceil_mode, nd: int):
     kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, dilation, nd)
-    windows, _, _ = _windows(x, kernel, stride, padding, dilation, ceil_mode, -jnp.inf)
-    positions, _, _ = _windows(
+    views, _, _ = _window_views(x, kernel, stride, padding, dilation, ceil_mode, -jnp.inf)
+    positions, _, _ = _window_views(
         _positions(x.shape[-nd:]), kernel, stride, padding, dilation, ceil_mode, -1
     )
-    return _pick_max(windows, positions)
+    return _pick_max_of_views(views, positions)
 
 
 @register(aten.max_pool2d_with_indices.default)
@@ -170,8 +187,8 @@ def _adaptive_max_pool3d_backward(grad, x, indices):
 # ---------------------------------------------------------------------------------- average pools
 def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, nd):
     kernel, stride, padding, dilation = _pool_args(kernel, stride, padding, (1,), nd)
-    windows, _, pads = _windows(x, kernel, stride, padding, dilation, ceil_mode, 0)
-    total = jnp.sum(windows, axis=-1)
+    views, _, pads = _window_views(x, kernel, stride, padding, dilation, ceil_mode, 0)
+    total = functools.reduce(operator.add, views)
     if divisor_override:
         return total / divisor_override
     spatial = x.shape[-nd:]
@@ -179,12 +196,14 @@ def _avg_pool(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_
     if count_include_pad:  # padding counts, the extra ceil_mode overhang does not
         inside = np.pad(inside, [(p, p) for p in padding], constant_values=1)
         inside = np.pad(inside, [(0, hi - p) for (_, hi), p in zip(pads, padding)])
-        counts, _, _ = _windows(jnp.asarray(inside), kernel, stride, [0] * nd, dilation, False, 0)
+        counts, _, _ = _window_views(
+            jnp.asarray(inside), kernel, stride, [0] * nd, dilation, False, 0
+        )
     else:
-        counts, _, _ = _windows(
+        counts, _, _ = _window_views(
             jnp.asarray(inside), kernel, stride, padding, dilation, ceil_mode, 0
         )
-    return total / jnp.sum(counts, axis=-1).astype(x.dtype)
+    return total / functools.reduce(operator.add, counts).astype(x.dtype)
 
 
 def _avg_pool_lowerings(nd: int):

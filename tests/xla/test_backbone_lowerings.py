@@ -168,3 +168,17 @@ def test_searchsorted_with_a_sorter():
     check_traced(
         lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)), sequence, R(5), grad=False
     )
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool2d_indices_with_ties_and_nan_match_eager(ceil_mode):
+    """Ties keep the first maximum of each window (row-major within it), as ATen's CPU kernel;
+    a NaN is the window's maximum; padding is never picked over an input. Values on a coarse
+    grid make ties in most windows; one NaN stands alone in its windows."""
+    x = torch.round(R(2, 3, 9, 8) * 2) / 2
+    x[0, 1, 4, 3] = float("nan")
+
+    def fn(x):
+        return F.max_pool2d(x, 3, 2, 1, ceil_mode=ceil_mode, return_indices=True)
+
+    check_traced(fn, x, grad=False)

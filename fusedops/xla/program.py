@@ -99,6 +99,21 @@ def _result_fix(node: torch.fx.Node) -> tuple[bool, bool]:
     return meta.dtype == torch.complex32, meta.device.type == "cpu" and meta.dim() == 0
 
 
+#: convolution nodes -> the positions of (weight, groups) among their arguments
+_CONVOLUTIONS = {aten.convolution.default: (1, 8), aten.convolution_backward.default: (2, 9)}
+
+
+def _is_dense_convolution(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a convolution (or its backward) that XLA runs as a convolution: not
+    a depthwise one (every group reading one input channel), which the CPU lowering unrolls."""
+    where = _CONVOLUTIONS.get(node.target) if node.op == "call_function" else None
+    if where is None:
+        return False
+    weight, groups = (node.args[i] for i in where)
+    value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
+    return groups == 1 or value is None or value.shape[1] != 1
+
+
 class JaxProgram:
     """A callable running ``gm`` (ATen ops only, static shapes) as one XLA program.
 
@@ -124,6 +139,7 @@ class JaxProgram:
         self.random_ops = [
             n for n in self.nodes if n.op == "call_function" and n.target in lower.NEEDS_KEY
         ]
+        self._dense_convolution = any(map(_is_dense_convolution, self.nodes))
         # unique computed outputs; outputs that are inputs return the input tensor itself, and
         # (views_in_torch) views of inputs are made by torch on it
         self._views: dict[torch.fx.Node, tuple] = {}
@@ -276,7 +292,7 @@ class JaxProgram:
         if on_cpu and tune.enabled():
             candidates = {
                 name: jax.jit(run, compiler_options=options or None)
-                for name, options in tune.CANDIDATES.items()
+                for name, options in tune.candidates(self._dense_convolution).items()
             }
             name, function, results, seconds = tune.fastest(candidates, jax_args)
         else:  # XLA's defaults (no dot library to choose off the CPU)

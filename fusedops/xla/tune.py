@@ -1,4 +1,5 @@
-"""Which XLA:CPU library runs a program's dot products, chosen per program on its first call.
+"""Which XLA:CPU library runs a program's dot products (and, in programs with a dense
+convolution, its convolutions), chosen per program on its first call.
 
 XLA:CPU hands dots to YNNPACK by default. Measured on the 2-core x86 CPU of our CI (jax 0.10.2,
 ``benchmarks/bench_xla.py`` shapes), neither library wins everywhere:
@@ -46,7 +47,26 @@ MIN_ROUNDS, MAX_ROUNDS = 2, 5
 TIMING_BUDGET_S = 0.25
 LONG_RUN_S = 0.5
 
+#: extra candidates for programs holding a dense (not depthwise) convolution or its backward:
+#: YNNPACK's dots and reductions as by default, convolutions left to XLA's own (Eigen) kernels.
+#: Measured on the CI's 2-core x86 (jax 0.10.2): YNNPACK ran the 7x7 stride-2 stem of a ResNet
+#: on 3 channels ([8, 3, 64, 64] -> [8, 32, 32, 32]) in 3.7-4.0 ms, Eigen in 1.2-1.3 ms; the
+#: tuner kept this candidate for most ResNet and ConvNeXt programs (0.3-0.5 ms a program).
+CONVOLUTION_CANDIDATES: dict[str, dict[str, str]] = {
+    "ynnpack-eigen-conv": {
+        "xla_cpu_experimental_ynn_fusion_type": (
+            "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+        ),
+    },
+}
+
 _REFUSED = (getattr(jax.errors, "JaxRuntimeError", RuntimeError),)
+
+
+def candidates(convolution: bool) -> dict[str, dict[str, str]]:
+    """Name -> compile options of the candidates a CPU program is timed with: ``CANDIDATES``,
+    and ``CONVOLUTION_CANDIDATES`` where the program holds a dense ``convolution``."""
+    return {**CANDIDATES, **CONVOLUTION_CANDIDATES} if convolution else dict(CANDIDATES)
 
 
 def enabled() -> bool:

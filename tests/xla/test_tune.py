@@ -128,3 +128,56 @@ def test_fastest_times_quick_programs_more_often_than_long_ones(
     functions = {tune.DEFAULT: _counting(seconds, calls_a), "b": _counting(seconds, calls_b)}
     tune.fastest(functions, (np.zeros(1),))
     assert len(calls_a) == len(calls_b) == 1 + timed_runs  # compiling run + timed runs
+
+
+class _ConvBlock(nn.Module):
+    """A dense 3x3 convolution on 3 channels and, with ``depthwise``, a 3x3 depthwise one."""
+
+    def __init__(self, depthwise: bool):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8) if depthwise else nn.Identity()
+
+    def forward(self, x):
+        return torch.relu(self.depthwise(self.stem(x))).mean(dim=(2, 3))
+
+
+def _conv_programs(model):
+    ref = copy.deepcopy(model)
+    traced = partial_trace(model)
+    x = random_tensor((2, 3, 9, 9))
+    traced(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    assert_close(traced(x), ref(x), dtype=torch.float32, scale=2.0, msg="output")
+    got, want = models.grads(model), models.grads(ref)
+    for name in want:
+        assert_close(got[name], want[name], dtype=torch.float32, scale=4.0, msg=name)
+    return traced.stats.compiled
+
+
+def test_programs_with_a_dense_convolution_also_time_the_convolution_candidates(monkeypatch):
+    monkeypatch.setenv("FUSEDOPS_XLA_CPU_TUNE", "1")
+    torch.manual_seed(0)
+    programs = _conv_programs(_ConvBlock(depthwise=True))
+    assert [p.name for p in programs] == ["forward", "backward"]
+    everything = set(tune.CANDIDATES) | set(tune.CONVOLUTION_CANDIDATES)
+    for program in programs:
+        (choice,) = program.tuning.values()
+        assert set(choice["seconds"]) == everything
+    # no convolution, or only a depthwise one (unrolled on the CPU, no XLA convolution left)
+    depthwise_only = _ConvBlock(depthwise=False)
+    depthwise_only.stem = nn.Conv2d(3, 3, 3, padding=1, groups=3)
+    for program in [*_trace_and_check(_attention_block()), *_conv_programs(depthwise_only)]:
+        (choice,) = program.tuning.values()
+        assert set(choice["seconds"]) == set(tune.CANDIDATES)
+    assert not tune.candidates(convolution=False).keys() & tune.CONVOLUTION_CANDIDATES.keys()
+
+
+@pytest.mark.parametrize("library", sorted(tune.CONVOLUTION_CANDIDATES))
+def test_each_convolution_candidate_matches_eager(monkeypatch, library):
+    options = tune.CONVOLUTION_CANDIDATES[library]
+    monkeypatch.setattr(tune, "CANDIDATES", {tune.DEFAULT: options})
+    monkeypatch.setattr(tune, "CONVOLUTION_CANDIDATES", {})
+    torch.manual_seed(0)
+    for program in _conv_programs(_ConvBlock(depthwise=True)):
+        assert program.tuning["cpu:0"] == {"library": tune.DEFAULT, "seconds": {}}

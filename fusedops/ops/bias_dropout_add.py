@@ -67,7 +67,7 @@ from fusedops.kernels.device import same_device
 from fusedops.kernels.shared import philox
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_module_op
-from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
 NAME = "bias_dropout_add"
@@ -167,17 +167,16 @@ def _native_eager(x, bias, residual, seed, p):
     The same roundings as the custom op's native namespace (so compiled and eager code agree
     bit for bit)."""
     compute = _native_compute(x.dtype, residual.dtype, None if bias is None else bias.dtype)
-    v = x.to(compute)
+    v = as_dtype(x, compute)
     if bias is not None:
-        v = v + bias.to(compute)
+        v = v + as_dtype(bias, compute)
     if seed is not None:
+        # where(mask, 0, v * scale) in place on v's own copy: masked_fill_ takes the scalar
+        # without making a tensor of it (same values and gradient as torch.where)
         scale = philox.dropout_scale(p)
-        v = torch.where(
-            native_drop_mask(seed, p, x.shape),
-            0.0,
-            v.mul_(scale) if bias is not None else v * scale,
-        )
-    return (residual.to(compute) + v).to(residual.dtype)
+        scaled = v.mul_(scale) if bias is not None else v * scale
+        v = scaled.masked_fill_(native_drop_mask(seed, p, x.shape), 0.0)
+    return as_dtype(as_dtype(residual, compute) + v, residual.dtype)
 
 
 def unsupported_reasons(backend: str, main, residual=None, bias=None) -> list[str]:

@@ -80,7 +80,13 @@ class FusedOp:
     reshape: Callable | None = None
 
     def __call__(self, *args: Any) -> Any:
-        if _plain(args) and eager_fast_path():
+        return self.call(args, _plain(args) and eager_fast_path())
+
+    def call(self, args: Sequence[Any], eager: bool) -> Any:
+        """``self(*args)`` where the caller knows whether plain eager mode holds: ``eager``
+        is ``eager_fast_path(<the tensors among args>)`` (a public function that has checked
+        its tensors asks that, cheaper than ``__call__``'s scan of every argument)."""
+        if eager:
             if self.eager is not None:
                 result = self.eager(*args)
                 if result is not None:

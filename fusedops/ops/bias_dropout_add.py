@@ -373,16 +373,18 @@ def _bias_dropout_add(x, bias, residual, p, training, generator, backend, names,
         # a 1-D bias as it is (a reshape to its own shape is a view: about 1 us)
         bias = (bias if bias.dim() == 1 else bias.reshape(width)).contiguous()
     x = x.contiguous()
+    eager = eager_fast_path(x, bias, residual)
     if (
-        rate < 1.0
+        eager
+        and rate < 1.0
         and not (portable and seed is not None)
-        and eager_fast_path(x, bias, residual)
         and dispatch.pick(NAME, x, residual, bias, backend=backend) == "native"
     ):
         return _native_eager(x, bias, residual, seed, rate)
     if residual.shape != x.shape:
         residual = residual.expand(x.shape)
-    return BIAS_DROPOUT_ADD(x, bias, residual.contiguous(), seed, rate, backend, portable)
+    args = (x, bias, residual.contiguous(), seed, rate, backend, portable)
+    return BIAS_DROPOUT_ADD.call(args, eager)  # the seed: a plain tensor of torch.randint
 
 
 def bias_dropout_add(

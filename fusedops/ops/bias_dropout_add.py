@@ -184,11 +184,10 @@ def _native_eager(x, bias, residual, seed, p):
     if bias is not None:
         v = v + as_dtype(bias, compute)
     if seed is not None:
-        # where(mask, 0, v * scale) in place on v's own copy: masked_fill_ takes the scalar
-        # without making a tensor of it (same values and gradient as torch.where)
-        scale = philox.dropout_scale(p)
-        scaled = v.mul_(scale) if bias is not None else v * scale
-        v = scaled.masked_fill_(native_drop_mask(seed, p, x.shape), 0.0)
+        # where(mask, 0, v * scale): masked_fill takes the scalar without making a tensor of
+        # it (same values and gradient as torch.where)
+        scaled = v * philox.dropout_scale(p)
+        v = scaled.masked_fill(native_drop_mask(seed, p, x.shape), 0.0)
     return as_dtype(as_dtype(residual, compute) + v, residual.dtype)
 
 

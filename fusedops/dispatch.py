@@ -315,7 +315,8 @@ def select_name(name: str, *tensors: torch.Tensor, backend: str | None = None) -
             _warn_unverified(name, unverified)
     if op.unsupported_reasons is None:  # native has no limits of its own: input_reasons' answer
         return "native"
-    reasons = input_reasons(op, "native", tensors)
+    # input_reasons(op, "native", tensors), inlined: native has no install or kernel reasons
+    reasons = op.unsupported_reasons("reference", *tensors)
     if not reasons:
         return "native"
     refused.append(f"native: {'; '.join(reasons)}")

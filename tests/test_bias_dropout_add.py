@@ -234,6 +234,12 @@ def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
     first, again = (native_drop_mask(seed, 0.3, (50, 40)) for _ in range(2))
     assert torch.equal(first, again) and first.shape == (50, 40)
     assert not torch.equal(first, native_drop_mask(draw_seed(DEVICE), 0.3, (50, 40)))
+    if seed.device.type == "cpu":
+        # a fresh generator seeded with the key, whatever masks this thread drew before
+        native_drop_mask(draw_seed(DEVICE), 0.7, (3, 5))
+        fresh = torch.Generator().manual_seed(seed.tolist()[0])
+        expected = torch.empty((50, 40), dtype=torch.bool).bernoulli_(0.3, generator=fresh)
+        assert torch.equal(native_drop_mask(seed, 0.3, (50, 40)), expected)
     x = torch.full((50, 40), float("nan"), device=DEVICE)
     x[::2] = float("inf")
     residual = torch.zeros_like(x)

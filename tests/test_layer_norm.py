@@ -165,7 +165,15 @@ def test_rows_match_float64(op, affine, n, dtype, backend):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("lead", "normalized"),
-    [((0,), (8,)), ((), (9,)), ((1,), (33,)), ((2, 3), (17,)), ((2, 1, 3), (5,)), ((4,), (6, 5))],
+    [
+        ((0,), (8,)),
+        ((), (9,)),
+        ((1,), (33,)),
+        ((2, 3), (17,)),
+        ((2, 1, 3), (5,)),
+        ((4,), (6, 5)),
+        ((), (6, 5)),  # x of two dims, both normalized: one row
+    ],
 )
 @pytest.mark.parametrize("op", OPS)
 def test_leading_and_normalized_dims(op, lead, normalized, dtype, backend):
@@ -482,12 +490,14 @@ def test_float64_takes_native_and_kernels_refuse_it():
             fusedops.layer_norm(x, 6, backend="triton")
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 40), (6, 40)])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", OPS)
-def test_output_can_be_modified_in_place(op, backend):
+def test_output_can_be_modified_in_place(op, backend, shape):
     """The output is not a view to autograd: in-place ops on it (relu_, dropout(inplace=True))
-    work and their gradients flow, as with torch's LayerNorm."""
-    x = random_tensor((2, 3, 40), torch.float32, DEVICE)
+    work and their gradients flow, as with torch's LayerNorm; x of rows (the Function returns
+    the body's output as it is) and of more dims (a reshape of it)."""
+    x = random_tensor(shape, torch.float32, DEVICE)
     weight, bias = _params(op, (40,), torch.float32, "both")
     grad = random_tensor(x.shape, torch.float32, DEVICE)
     results = {}

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._C._functorch import unwrap_if_dead as _unwrap_if_dead
 from torch.autograd.function import once_differentiable
 
 from fusedops import dispatch
@@ -79,13 +80,19 @@ class FusedOp:
     reshape: Callable | None = None
 
     def __call__(self, *args: Any) -> Any:
-        if _plain(args) and eager_fast_path():
+        return self.call(args, _plain(args) and eager_fast_path())
+
+    def call(self, args: Sequence[Any], eager: bool) -> Any:
+        """``self(*args)`` where the caller knows whether plain eager mode holds: ``eager``
+        is ``eager_fast_path(<the tensors among args>)`` (a public function that has checked
+        its tensors asks that, cheaper than ``__call__``'s scan of every argument)."""
+        if eager:
             if self.eager is not None:
                 result = self.eager(*args)
                 if result is not None:
                     return result
             if self.function is not None:
-                return self.function.apply(*args)
+                return apply_function(self.function, args)
             if not torch.is_grad_enabled():
                 return self.forward_body(*args)
             with torch.no_grad():  # not differentiable: as the custom op, no graph recorded
@@ -93,6 +100,19 @@ class FusedOp:
         if self.reshape is None:
             return self.op(*args)
         return self.op(*self.reshape(*args))[0].view(args[0].shape)
+
+
+_FUNCTION_APPLY = torch._C._FunctionBase.__dict__["apply"]  # the C classmethod
+
+
+def apply_function(function: type[torch.autograd.Function], args: Sequence[Any]) -> Any:
+    """``function.apply(*args)`` in plain eager mode (``eager_fast_path()`` true) without
+    ``Function.apply``'s Python wrapper (about 1 us): with no functorch transform active and a
+    classic ``forward(ctx, ...)`` (no ``setup_context``, so no argument binding) the wrapper
+    does exactly this: dead functorch wrappers unwrapped, then the C ``apply``."""
+    return _FUNCTION_APPLY.__get__(None, function)(
+        *[_unwrap_if_dead(a) if isinstance(a, torch.Tensor) else a for a in args]
+    )
 
 
 def _plain(args: Sequence[Any]) -> bool:
@@ -279,16 +299,25 @@ def _reshaping_function(forward, backward, setup, grads, reshape) -> dict:
         output = forward(*inputs)
         setup(ctx, inputs, output)
         ctx.shapes = [a.shape if isinstance(a, torch.Tensor) else None for a in args]
-        ctx.body_shape, ctx.outputs = output[0].shape, len(output)
+        y, shape = output[0], args[0].shape
+        ctx.body_shape, ctx.outputs = y.shape, len(output)
+        if y.shape == shape and y._base is None:  # rows in, rows out: y is returned as it is
+            return y
         # a tensor of its own: a view returned from a Function's forward could not be modified
         # in place later (relu_); _unsafe_view shares the storage without being a view to
         # autograd
-        return torch.ops.aten._unsafe_view(output[0], args[0].shape)
+        return torch.ops.aten._unsafe_view(y, shape)
 
     def body(ctx, grad):
-        grad_outputs = (grad.reshape(ctx.body_shape),) + (None,) * (ctx.outputs - 1)
+        shape = ctx.body_shape
+        grad_outputs = (grad if grad.shape == shape else grad.reshape(shape),)
+        grad_outputs += (None,) * (ctx.outputs - 1)
         result = _per_input(ctx, grads(ctx, backward, *grad_outputs))
-        return tuple(g if g is None else g.view(s) for g, s in zip(result, ctx.shapes))
+        # a view only where the shape changes (a view costs 1-3 us; the caller's 2-D x and
+        # 1-D parameters are the bodies' shapes)
+        return tuple(
+            g if g is None or g.shape == s else g.view(s) for g, s in zip(result, ctx.shapes)
+        )
 
     return {
         "forward": staticmethod(function_forward),

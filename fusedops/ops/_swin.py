@@ -43,6 +43,7 @@ def native_softmax(scores: torch.Tensor) -> torch.Tensor:
     checked on CPU tensors, where reading the answer costs no synchronisation;
     ``aten._safe_softmax`` costs about three softmaxes forward and backward there), else (a -inf
     or a NaN score) ``aten._safe_softmax``, which gives fully masked rows zeros."""
-    if scores.device.type == "cpu" and scores.numel() and bool(scores.min() > -math.inf):
+    # min().item(): one op fewer than comparing on the tensor (NaN: False either way)
+    if scores.device.type == "cpu" and scores.numel() and scores.min().item() > -math.inf:
         return torch.softmax(scores, -1)
     return torch.ops.aten._safe_softmax(scores, -1)

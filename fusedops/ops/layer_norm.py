@@ -53,7 +53,8 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
 from fusedops.ops._define import define_op
-from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._dtypes import as_dtype, compute_dtype
+from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
@@ -139,7 +140,7 @@ def _up(t):
     round per-term products to 16 bits; the custom ops' contract (statistics saved in fp32, the
     op's fp32 math) takes fp32 copies. The eager path runs torch's op as it is where it can
     (``_torch_takes_as_is``): the code it replaces, at its speed."""
-    return None if t is None else t.to(compute_dtype(t.dtype))
+    return None if t is None else as_dtype(t, compute_dtype(t.dtype))
 
 
 def _torch_takes_as_is(x, *params) -> bool:
@@ -149,10 +150,15 @@ def _torch_takes_as_is(x, *params) -> bool:
     path then runs exactly the op it replaces, with the rounding of torch's kernel: on CPU,
     16-bit statistics and per-term 16-bit rounding of dweight/dbias (within a few units of the
     16-bit roundoff of ``sum_rows |dy * xhat|``)."""
-    mixed = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
-    return all(
-        p is None or p.dtype == x.dtype or (mixed and p.dtype == torch.float32) for p in params
-    )
+    dtype = x.dtype
+    for p in params:
+        if p is not None and p.dtype != dtype:
+            break
+    else:
+        return True
+    if dtype not in (torch.float16, torch.bfloat16) or x.is_cuda or x.device.type != "cpu":
+        return False
+    return all(p is None or p.dtype in (dtype, torch.float32) for p in params)
 
 
 def _grad_as(grad, like):
@@ -350,9 +356,12 @@ def _rms_norm_grads(ctx, backward, dy, _drstd):
 
 
 def _flatten(x, params, n):
-    """x as contiguous rows (M, n) and each parameter (or None) as (n,)."""
-    rows = x.contiguous().view(-1, n)
-    return rows, [None if p is None else p.reshape(n) for p in params]
+    """x as contiguous rows (M, n) and each parameter (or None) as (n,); tensors already so
+    shaped are taken as they are (a view costs about 1 us)."""
+    rows = x.contiguous()
+    if rows.dim() != 2 or rows.shape[1] != n:
+        rows = rows.view(-1, n)
+    return rows, [p if p is None or p.dim() == 1 else p.reshape(n) for p in params]
 
 
 def _layer_norm_rows(x, weight, bias, eps, backend, shape):
@@ -383,9 +392,9 @@ def _layer_norm_eager(x, weight, bias, eps, backend, shape):
     chosen = dispatch.pick("layer_norm", x, backend=backend)
     if chosen == "native" and n > 1:
         if _torch_takes_as_is(x, weight, bias):
-            # to(x.dtype): under CUDA autocast torch's layer_norm returns float32; the op's
-            # output keeps x's dtype on every backend (a no-op elsewhere)
-            return torch.layer_norm(x, shape, weight, bias, eps).to(x.dtype)
+            # under CUDA autocast torch's layer_norm returns float32; the op's output keeps
+            # x's dtype on every backend
+            return as_dtype(torch.layer_norm(x, shape, weight, bias, eps), x.dtype)
         return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
     cuda = _cuda_extension(chosen, "layer_norm", x, weight, bias, n)
     return None if cuda is None else cuda.norm_with_autograd(x, weight, bias, n, eps, False)
@@ -397,7 +406,7 @@ def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
         return None
     chosen = dispatch.pick("rms_norm", x, backend=backend)
     if chosen == "native":
-        return torch.rms_norm(_up(x), shape, _up(weight), eps).to(x.dtype)
+        return as_dtype(torch.rms_norm(_up(x), shape, _up(weight), eps), x.dtype)
     n = math.prod(shape)
     cuda = _cuda_extension(chosen, "rms_norm", x, weight, None, n)
     return None if cuda is None else cuda.norm_with_autograd(x, weight, None, n, eps, True)
@@ -434,17 +443,42 @@ RMS_NORM = define_op(
 
 def _checked_shape(x, normalized_shape, params: dict) -> tuple[int, ...]:
     """Check the inputs; return normalized_shape as a tuple."""
+    # The common call (one normalized dim, parameters of it or None, one device) accepted in
+    # a few checks (about 1 us); anything else, errors included, takes the full check below.
+    n = normalized_shape
+    if type(n) is tuple and len(n) == 1:
+        n = n[0]
+    if (
+        type(n) is int
+        and n > 0
+        and isinstance(x, torch.Tensor)
+        and x.dtype in FLOAT_DTYPES
+        and x.dim()
+        and x.shape[-1] == n
+    ):
+        shape, device = (n,), x.device
+        for p in params.values():
+            if p is not None and not (
+                isinstance(p, torch.Tensor)
+                and p.dtype in FLOAT_DTYPES
+                and p.shape == shape
+                and p.device == device
+            ):
+                break
+        else:
+            return shape
     check_tensor(x, "x")
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, (Sequence, torch.Size)) or not all(
+    # a tuple first: isinstance against the Sequence ABC costs about 1 us
+    if not (type(normalized_shape) is tuple or isinstance(normalized_shape, Sequence)) or not all(
         isinstance(d, int) for d in normalized_shape
     ):
         raise TypeError(
             f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
         )
     shape = tuple(normalized_shape)
-    if not shape or len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape) :]) != shape:
+    if not shape or len(shape) > x.dim() or x.shape[x.dim() - len(shape) :] != shape:
         raise ValueError(
             f"normalized_shape {list(shape)} does not match the trailing dims of x with shape "
             f"{list(x.shape)}"
@@ -455,7 +489,7 @@ def _checked_shape(x, normalized_shape, params: dict) -> tuple[int, ...]:
         if p is None:
             continue
         check_tensor(p, name)
-        if tuple(p.shape) != shape:
+        if p.shape != shape:
             raise ValueError(
                 f"{name} has shape {list(p.shape)}, expected normalized_shape {list(shape)}"
             )
@@ -482,7 +516,8 @@ def layer_norm(
     one (default: the dispatch rule; "native" is torch's own LayerNorm).
     """
     shape = _checked_shape(x, normalized_shape, {"weight": weight, "bias": bias})
-    return LAYER_NORM(x, weight, bias, float(eps), backend, shape)
+    args = (x, weight, bias, float(eps), backend, shape)
+    return LAYER_NORM.call(args, eager_fast_path(x, weight, bias))
 
 
 def _optional_dtype(value, name: str, x: torch.Tensor) -> torch.dtype | None:
@@ -525,4 +560,5 @@ def rms_norm(
     xhat_dtype = _optional_dtype(xhat_dtype, "xhat_dtype", x)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    return RMS_NORM(x, weight, float(eps), backend, out_dtype, xhat_dtype, shape)
+    args = (x, weight, float(eps), backend, out_dtype, xhat_dtype, shape)
+    return RMS_NORM.call(args, eager_fast_path(x, weight))

@@ -19,7 +19,7 @@ import torch
 from fusedops import dispatch
 from fusedops.kernels.shared.constants import QUICK_GELU_ALPHA
 from fusedops.ops._checks import check_tensor
-from fusedops.ops._define import define_module_op
+from fusedops.ops._define import apply_function, define_module_op
 from fusedops.ops._eager import eager_fast_path
 
 ALPHA = QUICK_GELU_ALPHA
@@ -83,5 +83,5 @@ def quick_gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
             # torch ops differentiated by torch's autograd: the QuickGELU classes' own code (in
             # a 16-bit x's dtype, rounding after each op as they do; fp32/fp64 as the reference)
             return x * torch.sigmoid(ALPHA * x)
-        return QUICK_GELU.function.apply(x, backend)
+        return apply_function(QUICK_GELU.function, (x, backend))
     return QUICK_GELU(x, backend)

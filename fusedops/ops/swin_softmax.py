@@ -29,7 +29,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_module_op
-from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax
 
@@ -155,16 +155,16 @@ def swin_attention_softmax(
             )
         if attn_mask.requires_grad:
             raise ValueError("attn_mask requires grad, but the op gives no gradient for the mask")
-        attn_mask = attn_mask.to(dtype).contiguous()
-    bias = relative_pos_bias.to(dtype).contiguous()
+        attn_mask = as_dtype(attn_mask, dtype).contiguous()
+    bias = as_dtype(relative_pos_bias, dtype).contiguous()
     attn = attn.contiguous()
     if (
         eager_fast_path(attn, bias, attn_mask)
         and dispatch.pick("swin_attention_softmax", attn, backend=backend) == "native"
     ):
         # torch's softmax with torch's autograd; _safe_softmax gives fully masked rows zeros
-        z = attn.to(dtype) + bias
+        z = as_dtype(attn, dtype) + bias
         if attn_mask is not None:
             z = add_window_mask(z, attn_mask)
-        return native_softmax(z).to(attn.dtype)
+        return as_dtype(native_softmax(z), attn.dtype)
     return SWIN_ATTENTION_SOFTMAX(attn, bias, attn_mask, backend)

@@ -38,7 +38,7 @@ import torch
 from fusedops import dispatch
 from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_module_op
-from fusedops.ops._dtypes import compute_dtype
+from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, native_softmax, shifted_exp
 from fusedops.ops.swin_softmax import swin_attention_softmax
@@ -54,14 +54,17 @@ KERNEL_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
 
 
-def _scores(q, k, bias, mask, scale):
-    """``q @ k^T * scale + bias + mask[z % nW]`` in the compute dtype, (Z, H, N, N)."""
+def _scores(q, k, bias, mask, scale, scale_q=False):
+    """``q @ k^T * scale + bias + mask[z % nW]`` in the compute dtype, (Z, H, N, N);
+    ``scale_q``: scaling q before the product instead, ``(q * scale) @ k^T`` (the order of
+    Swin's attention modules: a (N, d) product a window where the scores are (N, N))."""
     c = compute_dtype(q.dtype)
-    s = torch.matmul(q.to(c), k.to(c).transpose(-1, -2)) * scale
+    q, kt = as_dtype(q, c), as_dtype(k, c).transpose(-1, -2)
+    s = torch.matmul(q * scale, kt) if scale_q else torch.matmul(q, kt) * scale
     if bias is not None:
-        s = s + bias.to(c)
+        s = s + as_dtype(bias, c)
     if mask is not None:
-        s = add_window_mask(s, mask.to(c))
+        s = add_window_mask(s, as_dtype(mask, c))
     return s
 
 
@@ -280,11 +283,12 @@ def window_attention(
 
 
 def _native_eager(q, k, v, bias, mask, scale):
-    """The native path in eager mode: matmul, ``native_softmax`` (fully masked rows give 0,
-    NaN rows NaN: the op's rule), matmul, differentiated by torch's autograd."""
-    s = _scores(q, k, bias, mask, scale)
+    """The native path in eager mode: matmul (q scaled first, as Swin's modules do),
+    ``native_softmax`` (fully masked rows give 0, NaN rows NaN: the op's rule), matmul,
+    differentiated by torch's autograd."""
+    s = _scores(q, k, bias, mask, scale, scale_q=True)
     probs = native_softmax(s)
-    return torch.matmul(probs, v.to(s.dtype)).to(q.dtype)
+    return as_dtype(torch.matmul(probs, as_dtype(v, s.dtype)), q.dtype)
 
 
 def attention_core(

@@ -26,7 +26,7 @@ import torch
 from fusedops import dispatch
 from fusedops.kernels.shared.window_geometry import partition_shape, reverse_shape
 from fusedops.ops._checks import check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import apply_function, define_op
 from fusedops.ops._eager import eager_fast_path
 
 # ------------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def window_partition_roll(
     if eager_fast_path(x):  # plain eager: what WINDOW_PARTITION_ROLL(...) would check again
         if dispatch.pick("window_partition_roll", x, backend=backend) == "native":
             return _own(_native_partition(x, *window, *shifts), x)
-        return WINDOW_PARTITION_ROLL.function.apply(x, *window, *shifts, backend)
+        return apply_function(WINDOW_PARTITION_ROLL.function, (x, *window, *shifts, backend))
     return WINDOW_PARTITION_ROLL(x, *window, *shifts, backend)
 
 
@@ -283,7 +283,9 @@ def window_reverse_roll(
     if eager_fast_path(windows):  # as in window_partition_roll
         if dispatch.pick("window_reverse_roll", windows, backend=backend) == "native":
             return _own(_native_reverse(windows, *window, *size, *shifts), windows)
-        return WINDOW_REVERSE_ROLL.function.apply(windows, *window, *size, *shifts, backend)
+        return apply_function(
+            WINDOW_REVERSE_ROLL.function, (windows, *window, *size, *shifts, backend)
+        )
     return WINDOW_REVERSE_ROLL(windows, *window, *size, *shifts, backend)
 
 

@@ -566,14 +566,19 @@ def test_cuda_is_picked_automatically_and_runs_without_host_sync(monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_misaligned_and_wide_rows(backend):
-    """Storage offsets that break 16-byte alignment (the CUDA kernel's scalar path), and rows
-    wider than a block (several column blocks in the backward)."""
-    for shape in ((3, 4100), (5, 9000)):
+    """Storage offsets that break 16-byte alignment: 1 element (the CUDA kernel's one-element
+    accesses) and 4 elements (8 bytes: a quad per access), and rows wider than a block (several
+    column blocks in the backward)."""
+
+    def shifted(shape, offset):
         n = math.prod(shape)
-        x = random_tensor((n + 1,), torch.float16, DEVICE)[1:].view(shape).requires_grad_()
+        return random_tensor((n + offset,), torch.float16, DEVICE)[offset:].view(shape)
+
+    for shape, offset in (((3, 4100), 1), ((5, 9000), 1), ((5, 9000), 4)):
+        x = shifted(shape, offset).requires_grad_()
         bias = random_tensor(shape[-1:], torch.float16, DEVICE).requires_grad_()
-        residual = random_tensor((n + 1,), torch.float16, DEVICE)[1:].view(shape)
-        grad = random_tensor(shape, torch.float16, DEVICE)
+        residual = shifted(shape, offset)
+        grad = shifted(shape, offset)
         out = _run(backend, x, bias, residual, grad, 13)
         want = _expected(x, bias, residual, grad, _seed_of_next_call(13), P, backend)
         assert_close(out, want[0], **_out_bound(backend, x, bias, residual))

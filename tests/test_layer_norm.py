@@ -263,6 +263,17 @@ def _vector_access_matches_float64(monkeypatch, op, affine, n, dtype):
     _case(op, (37,), (n,), dtype, affine, "cuda")
 
 
+def _several_rows_per_block_match_float64(monkeypatch, op, n, vector_access):
+    """The CUDA register-path backward with more rows than blocks (16 per SM at most: several
+    rows per block, so the dweight/dbias sums of a block, in registers or shared memory, add
+    rows), warp rows (N 300, 1000) and block rows (4096, 5000) whose rows are read twice."""
+    from fusedops.kernels.cuda import layer_norm as kernels
+
+    monkeypatch.setattr(kernels, "VECTOR_ACCESS", vector_access)
+    rows = 16 * torch.cuda.get_device_properties(DEVICE).multi_processor_count + 3
+    _case(op, (rows,), (n,), torch.bfloat16, "both", "cuda", weight_dtype=torch.float32)
+
+
 def _eager_calls_use_the_cpp_autograd_op(monkeypatch, op, weight_dtype):
     """On the CUDA backend an eager call is one extension op whose backward is C++; weights of
     another dtype than fp32 or x's (fp16 with bf16 x) take the autograd.Function instead."""
@@ -288,6 +299,13 @@ def _cpp_op_cases():
         for dtype in DTYPES
     ]  # fmt: skip
     cases += [
+        pytest.param(_several_rows_per_block_match_float64, (op, n, vector_access),
+                     id=f"rows-per-block-{op}-{n}-{'vector' if vector_access else 'element'}")
+        for op in OPS
+        for n in (300, 1000, 4096, 5000)
+        for vector_access in (False, True)
+    ]  # fmt: skip
+    cases += [
         pytest.param(_eager_calls_use_the_cpp_autograd_op, (op, weight_dtype),
                      id=f"cpp-autograd-{op}-{str(weight_dtype)[6:]}-weight")
         for op in OPS
@@ -300,7 +318,8 @@ def _cpp_op_cases():
 @pytest.mark.parametrize(("check", "args"), _cpp_op_cases())
 def test_cuda_cpp_op(monkeypatch, check, args):
     """gpu-only: the CUDA extension's C++ layer_norm/rms_norm op itself (its 16-byte vector
-    access, its C++ autograd) runs only on CUDA tensors. The comparisons are those every backend
+    access, its C++ autograd, its backward over more rows than blocks) runs only on CUDA
+    tensors. The comparisons are those every backend
     runs (``_case`` against torch's float64 functions); the fallbacks for misaligned rows and
     fp32 parameters run on every backend in
     ``test_rows_not_16_byte_aligned_and_fp32_parameters``."""

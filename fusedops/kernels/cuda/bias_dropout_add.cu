@@ -4,16 +4,24 @@
 // iff that word >= threshold; kept values are scaled by `scale`, dropped ones are 0. Math in
 // fp32, 64-bit element indices, on the caller's stream.
 //
-// Forward (also the backward without a bias, as out = dropout(grad)): a thread takes quads of
-// four consecutive elements 4q .. 4q + 3 (one Philox call each) in a grid-stride loop, with
-// vector loads when every pointer is aligned to a quad; the bias column is carried from quad to
-// quad (no division in the loop).
-// Backward with a bias: grid (column blocks, row groups); a thread takes four columns of the
+// A thread takes groups of kGroup consecutive elements: one quad (4 elements, one Philox call)
+// when both tensor types are fp32, two quads when either is 16-bit, so that a group of the
+// narrower type is 16 bytes. Accesses (Access, chosen by the launcher from the pointers): a
+// group as 16-byte vectors where every pointer is 16-byte aligned, else a quad per access where
+// every pointer is aligned to a quad of its type, else one element per access; partial groups
+// (the end of the data or of a row) take one element per access.
+// Forward (also the backward without a bias, as out = dropout(grad)): groups p of elements
+// kGroup * p .. kGroup * p + kGroup - 1 in a grid-stride loop; the bias column is carried from
+// group to group (no division in the loop).
+// Backward with a bias: grid (column blocks, row groups); a thread takes kGroup columns of the
 // rows g, g + groups, ... of its row group g, writes grad_x and keeps fp32 column sums, stored
 // as partial row g; column_total_kernel then adds the partial rows in order (no atomics: the
-// same bits every run). When cols % 4 == 0 a thread's four columns are one quad; otherwise each
-// element runs its own Philox call (4x the arithmetic, same bits).
+// same bits every run). When cols % 4 == 0 a thread's columns are whole quads (and its
+// accesses as wide as cols % kGroup allows); otherwise each element runs its own Philox call
+// (4x the arithmetic, same bits) with one element per access.
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "device.cuh"
 #include "bias_dropout_add.h"
@@ -73,8 +81,8 @@ struct Mask {
     }
   }
 
-  // Keep flags of the quad 4q .. 4q + 3 (one Philox call).
-  __device__ __forceinline__ void quad(int64_t q, bool (&keep)[kQuad]) const {
+  // Keep flags keep[0 .. 3] of the quad 4q .. 4q + 3 (one Philox call).
+  __device__ __forceinline__ void quad(int64_t q, bool* keep) const {
     if (mode != DropoutMode::kRandom) {
 #pragma unroll
       for (int j = 0; j < kQuad; ++j) keep[j] = mode == DropoutMode::kKeep;
@@ -93,38 +101,90 @@ struct Mask {
     return word_of(philox4x32_10(offset + static_cast<uint64_t>(i / kQuad), key), i) >= threshold;
   }
 
+  // Keep flags of the kN elements i0 .. i0 + kN - 1 (i0 % 4 == 0 when by_quads): a Philox call
+  // per quad when by_quads, else per element (false past count).
+  template <int kN>
+  __device__ __forceinline__ void group(int64_t i0, int count, bool by_quads,
+                                        bool (&keep)[kN]) const {
+#pragma unroll
+    for (int u = 0; u < kN; u += kQuad) {
+      if (by_quads) {
+        quad(i0 / kQuad + u / kQuad, keep + u);
+      } else {
+#pragma unroll
+        for (int j = u; j < u + kQuad; ++j) keep[j] = j < count && element(i0 + j);
+      }
+    }
+  }
+
   __device__ __forceinline__ float apply(bool keep, float v) const { return keep ? v * scale : 0.0f; }
 };
 
-template <typename T>
-struct alignas(sizeof(T) * kQuad) Quad {
-  T v[kQuad];
+// Width of a thread's accesses to a full group (see the top of the file).
+enum class Access : int { kElement = 0, kQuad = 1, kWide = 2 };
+
+// Elements a thread takes at a time: 16 bytes of the narrower of two tensor types, whole quads.
+template <typename A, typename B>
+constexpr int kGroup = sizeof(A) < 4 || sizeof(B) < 4 ? 2 * kQuad : kQuad;
+
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) Packed {
+  T v[kN];
 };
 
-template <typename T>
-__device__ __forceinline__ void load_quad(const T* p, int64_t i0, int count, bool vector,
-                                          float (&out)[kQuad]) {
-  if (vector) {
-    const Quad<T> q = *reinterpret_cast<const Quad<T>*>(p + i0);
+// The kN elements p[i0 ..] as kN / kW accesses of kW elements (p + i0 aligned to kW elements).
+template <int kW, typename T, int kN>
+__device__ __forceinline__ void load_vectors(const T* p, int64_t i0, float (&out)[kN]) {
 #pragma unroll
-    for (int j = 0; j < kQuad; ++j) out[j] = to_float(q.v[j]);
-  } else {
+  for (int k = 0; k < kN; k += kW) {
+    const Packed<T, kW> packed = *reinterpret_cast<const Packed<T, kW>*>(p + i0 + k);
 #pragma unroll
-    for (int j = 0; j < kQuad; ++j) out[j] = j < count ? to_float(p[i0 + j]) : 0.0f;
+    for (int e = 0; e < kW; ++e) out[k + e] = to_float(packed.v[e]);
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_quad(T* p, int64_t i0, int count, bool vector,
-                                           const float (&in)[kQuad]) {
-  if (vector) {
-    Quad<T> q;
+template <int kW, typename T, int kN>
+__device__ __forceinline__ void store_vectors(T* p, int64_t i0, const float (&in)[kN]) {
 #pragma unroll
-    for (int j = 0; j < kQuad; ++j) q.v[j] = from_float<T>(in[j]);
-    *reinterpret_cast<Quad<T>*>(p + i0) = q;
+  for (int k = 0; k < kN; k += kW) {
+    Packed<T, kW> packed;
+#pragma unroll
+    for (int e = 0; e < kW; ++e) packed.v[e] = from_float<T>(in[k + e]);
+    *reinterpret_cast<Packed<T, kW>*>(p + i0 + k) = packed;
+  }
+}
+
+// Elements of T in one 16-byte access.
+template <typename T>
+constexpr int kWide = 16 / static_cast<int>(sizeof(T));
+
+// out[j] = p[i0 + j] for j < count (0 past it), with `access` wide accesses for a full group.
+template <typename T, int kN>
+__device__ __forceinline__ void load_group(const T* p, int64_t i0, int count, Access access,
+                                           float (&out)[kN]) {
+  static_assert(kN % kWide<T> == 0 && kN % kQuad == 0, "a group is whole accesses");
+  if (count == kN && access == Access::kWide) {
+    load_vectors<kWide<T>>(p, i0, out);
+  } else if (count == kN && access == Access::kQuad) {
+    load_vectors<kQuad>(p, i0, out);
   } else {
 #pragma unroll
-    for (int j = 0; j < kQuad; ++j) {
+    for (int j = 0; j < kN; ++j) out[j] = j < count ? to_float(p[i0 + j]) : 0.0f;
+  }
+}
+
+// p[i0 + j] = in[j] for j < count, with `access` wide accesses for a full group.
+template <typename T, int kN>
+__device__ __forceinline__ void store_group(T* p, int64_t i0, int count, Access access,
+                                            const float (&in)[kN]) {
+  static_assert(kN % kWide<T> == 0 && kN % kQuad == 0, "a group is whole accesses");
+  if (count == kN && access == Access::kWide) {
+    store_vectors<kWide<T>>(p, i0, in);
+  } else if (count == kN && access == Access::kQuad) {
+    store_vectors<kQuad>(p, i0, in);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
       if (j < count) p[i0 + j] = from_float<T>(in[j]);
     }
   }
@@ -135,33 +195,38 @@ template <typename TS, typename TO>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(const TS* __restrict__ src, const float* __restrict__ bias,
                    const TO* __restrict__ residual, TO* __restrict__ out, int64_t n, int64_t cols,
-                   bool vector, DropoutParams params) {
+                   Access access, DropoutParams params) {
+  constexpr int kN = kGroup<TS, TO>;
   const Mask mask(params);
-  const int64_t quads = (n + kQuad - 1) / kQuad;
+  const int64_t groups = (n + kN - 1) / kN;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // column of element 4q, carried from quad to quad: + 4 * stride (mod cols) per step
-  int64_t col = bias != nullptr ? (kQuad * q) % cols : 0;
-  const int64_t col_step = bias != nullptr ? (kQuad * stride) % cols : 0;
-  for (; q < quads; q += stride) {
-    const int64_t i0 = kQuad * q;
-    const int count = n - i0 < kQuad ? static_cast<int>(n - i0) : kQuad;
-    const bool full = vector && count == kQuad;
-    bool keep[kQuad];
-    mask.quad(q, keep);
-    float v[kQuad], r[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
-    load_quad(src, i0, count, full, v);
-    if (residual != nullptr) load_quad(residual, i0, count, full, r);
+  int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // column of element kN * p, carried from group to group: + kN * stride (mod cols) per step
+  int64_t col = bias != nullptr ? (kN * p) % cols : 0;
+  const int64_t col_step = bias != nullptr ? (kN * stride) % cols : 0;
+  for (; p < groups; p += stride) {
+    const int64_t i0 = kN * p;
+    const int count = n - i0 < kN ? static_cast<int>(n - i0) : kN;
+    bool keep[kN];
+    mask.group(i0, count, true, keep);
+    float v[kN], r[kN];
+    load_group(src, i0, count, access, v);
+    if (residual != nullptr) {
+      load_group(residual, i0, count, access, r);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) r[j] = 0.0f;
+    }
     int64_t c = col;
 #pragma unroll
-    for (int j = 0; j < kQuad; ++j) {
+    for (int j = 0; j < kN; ++j) {
       if (bias != nullptr) {
         v[j] += bias[c];
         c = c + 1 == cols ? 0 : c + 1;
       }
       r[j] += mask.apply(keep[j], v[j]);
     }
-    store_quad(out, i0, count, full, r);
+    store_group(out, i0, count, access, r);
     if (bias != nullptr) {
       col += col_step;
       if (col >= cols) col -= cols;
@@ -174,36 +239,37 @@ __global__ void __launch_bounds__(kThreads)
 template <typename TG, typename TX>
 __global__ void __launch_bounds__(kThreads)
     backward_bias_kernel(const TG* __restrict__ grad, TX* __restrict__ grad_x,
-                         float* __restrict__ partial, int64_t rows, int64_t cols, bool vector,
+                         float* __restrict__ partial, int64_t rows, int64_t cols, Access access,
                          DropoutParams params) {
+  constexpr int kN = kGroup<TG, TX>;
   const Mask mask(params);
-  const int64_t c0 = kQuad * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  const int64_t c0 = kN * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
   if (c0 >= cols) return;
-  const int count = cols - c0 < kQuad ? static_cast<int>(cols - c0) : kQuad;
-  const bool quad_aligned = cols % kQuad == 0;  // then element r * cols + c0 starts a quad
-  const bool full = vector && quad_aligned && count == kQuad;
-  float acc[kQuad] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int count = cols - c0 < kN ? static_cast<int>(cols - c0) : kN;
+  const bool by_quads = cols % kQuad == 0;  // then element r * cols + c0 starts a quad
+  // every row start as aligned as the base pointers: as wide as cols allows
+  const Access row_access = cols % kN == 0 ? access
+                            : by_quads && access != Access::kElement ? Access::kQuad
+                                                                     : Access::kElement;
+  float acc[kN];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) acc[j] = 0.0f;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t i0 = r * cols + c0;
-    bool keep[kQuad];
-    if (quad_aligned) {
-      mask.quad(i0 / kQuad, keep);
-    } else {
+    bool keep[kN];
+    mask.group(i0, count, by_quads, keep);
+    float g[kN];
+    load_group(grad, i0, count, row_access, g);
 #pragma unroll
-      for (int j = 0; j < kQuad; ++j) keep[j] = j < count && mask.element(i0 + j);
-    }
-    float g[kQuad];
-    load_quad(grad, i0, count, full, g);
-#pragma unroll
-    for (int j = 0; j < kQuad; ++j) {
+    for (int j = 0; j < kN; ++j) {
       g[j] = mask.apply(keep[j], g[j]);
       acc[j] += g[j];
     }
-    store_quad(grad_x, i0, count, full, g);
+    store_group(grad_x, i0, count, row_access, g);
   }
   float* row = partial + static_cast<int64_t>(blockIdx.y) * cols + c0;
 #pragma unroll
-  for (int j = 0; j < kQuad; ++j) {
+  for (int j = 0; j < kN; ++j) {
     if (j < count) row[j] = acc[j];
   }
 }
@@ -219,37 +285,44 @@ __global__ void __launch_bounds__(kThreads)
   total[j] = sum;
 }
 
-bool quad_aligned(const void* p, int element_size) {
-  return reinterpret_cast<std::uintptr_t>(p) % (kQuad * element_size) == 0;
+// The widest access every tensor (pointer, element size; null: absent) allows.
+Access access_of(std::initializer_list<std::pair<const void*, int>> tensors) {
+  bool wide = true, quad = true;
+  for (const auto& [p, size] : tensors) {
+    const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(p);
+    wide = wide && address % 16 == 0;
+    quad = quad && address % (kQuad * size) == 0;
+  }
+  return wide ? Access::kWide : quad ? Access::kQuad : Access::kElement;
 }
 
-// Threads per block of the backward: enough for the row's quads, a multiple of a warp.
-int backward_threads(int64_t cols) {
-  const int64_t quads = (cols + kQuad - 1) / kQuad;
-  return quads >= kThreads ? kThreads : static_cast<int>((quads + 31) / 32 * 32);
+// Threads per block of the backward: enough for the row's groups, a multiple of a warp.
+int backward_threads(int64_t cols, int group) {
+  const int64_t groups = (cols + group - 1) / group;
+  return groups >= kThreads ? kThreads : static_cast<int>((groups + 31) / 32 * 32);
 }
 
 template <typename TS, typename TO>
 void launch_forward(const void* src, const float* bias, const void* residual, void* out,
                     int64_t n, int64_t cols, const DropoutParams& params, cudaStream_t stream) {
-  const bool vector = quad_aligned(src, sizeof(TS)) && quad_aligned(out, sizeof(TO)) &&
-                      (residual == nullptr || quad_aligned(residual, sizeof(TO)));
-  const int64_t quads = (n + kQuad - 1) / kQuad;
-  forward_kernel<TS, TO><<<grid_blocks(quads, kThreads), kThreads, 0, stream>>>(
+  const Access access = access_of({{src, sizeof(TS)}, {out, sizeof(TO)}, {residual, sizeof(TO)}});
+  const int64_t groups = (n + kGroup<TS, TO> - 1) / kGroup<TS, TO>;
+  forward_kernel<TS, TO><<<grid_blocks(groups, kThreads), kThreads, 0, stream>>>(
       static_cast<const TS*>(src), bias, static_cast<const TO*>(residual), static_cast<TO*>(out),
-      n, cols, vector, params);
+      n, cols, access, params);
 }
 
 template <typename TG, typename TX>
 void launch_backward(const void* grad, void* grad_x, float* partial, float* grad_bias,
                      int64_t groups, int64_t rows, int64_t cols, const DropoutParams& params,
                      cudaStream_t stream) {
-  const bool vector = quad_aligned(grad, sizeof(TG)) && quad_aligned(grad_x, sizeof(TX));
-  const int threads = backward_threads(cols);
-  const int64_t column_blocks = (cols + kQuad * threads - 1) / (kQuad * threads);
+  constexpr int kN = kGroup<TG, TX>;
+  const Access access = access_of({{grad, sizeof(TG)}, {grad_x, sizeof(TX)}});
+  const int threads = backward_threads(cols, kN);
+  const int64_t column_blocks = (cols + kN * threads - 1) / (kN * threads);
   const dim3 grid(static_cast<unsigned int>(column_blocks), static_cast<unsigned int>(groups));
   backward_bias_kernel<TG, TX><<<grid, threads, 0, stream>>>(
-      static_cast<const TG*>(grad), static_cast<TX*>(grad_x), partial, rows, cols, vector,
+      static_cast<const TG*>(grad), static_cast<TX*>(grad_x), partial, rows, cols, access,
       params);
   column_total_kernel<<<grid_blocks(cols, kThreads), kThreads, 0, stream>>>(partial, grad_bias,
                                                                            groups, cols);

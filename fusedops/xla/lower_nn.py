@@ -49,6 +49,34 @@ def _cpu_depthwise(x, w, transposed: bool, groups: int) -> bool:
     )
 
 
+def _cpu_pointwise(x, w, transposed: bool, groups: int, padding) -> bool:
+    """Whether a convolution runs as ``_pointwise``'s matrix products: on the CPU, a dense
+    1x1 (1x1x1...) kernel without padding, batched, something to compute."""
+    return (
+        on_cpu()
+        and not transposed
+        and groups == 1
+        and x.ndim == w.ndim
+        and all(k == 1 for k in w.shape[2:])
+        and not any(padding)
+        and x.size > 0
+        and w.size > 0
+    )
+
+
+def _pointwise(x, w, stride):
+    """A 1x1 convolution ``[N, C, *S] x [O, C, 1...]`` -> ``[N, O, *out]`` as a matrix product
+    per sample (``W @ x[n]`` over the flattened positions, every stride-th one): NCHW stays as
+    it is. XLA:CPU's convolution wants the channels innermost, and the transposes it adds
+    (fused with the elementwise producers of a backward's gradients, whose layout they change)
+    cost more than the product (ResNet's bottlenecks: mostly 1x1 convolutions)."""
+    if any(s != 1 for s in stride):
+        x = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in stride)]
+    n, c, *out = x.shape
+    y = jnp.einsum("oc,ncl->nol", w.reshape(w.shape[0], c), x.reshape(n, c, -1), precision=_HIGHEST)
+    return y.reshape(n, w.shape[0], *out)
+
+
 def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     nd = w.ndim - 2
     unbatched = x.ndim == nd + 1
@@ -58,6 +86,8 @@ def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding,
     padding = list(padding) * (nd // len(padding))
     if _cpu_depthwise(x, w, transposed, groups):
         y = lower_depthwise.depthwise(x, w, stride, padding, dilation)
+    elif _cpu_pointwise(x, w, transposed, groups, padding):
+        y = _pointwise(x, w, stride)
     elif not transposed:
         y = lax.conv_general_dilated(
             x,

@@ -521,6 +521,44 @@ sample(
     ),
     ident="convolution_backward",
 )
+sample(  # a 1x1 convolution: matrix products on the CPU (lower_nn._pointwise)
+    aten.convolution.default,
+    lambda: ((R(2, 5, 6, 7), R(4, 5, 1, 1), R(4), [1, 1], [0, 0], [1, 1], False, [0, 0], 1), {}),
+    grad=(0, 1, 2),
+    ident="conv2d-1x1",
+)
+sample(  # strided: every second position on each side (odd sizes: the last one kept)
+    aten.convolution.default,
+    lambda: ((R(2, 5, 7, 6), R(4, 5, 1, 1), None, [2, 2], [0], [1], False, [0, 0], 1), {}),
+    grad=(0, 1),
+    ident="conv2d-1x1-stride2",
+)
+sample(
+    aten.convolution.default,
+    lambda: ((R(2, 3, 5, 4, 3), R(6, 3, 1, 1, 1), None, [1, 2, 3], [0], [1], False, [0], 1), {}),
+    grad=(0, 1),
+    ident="conv3d-1x1-strides",
+)
+sample(
+    aten.convolution_backward.default,
+    lambda: (
+        (
+            R(2, 6, 4, 3),
+            R(2, 4, 7, 6),
+            R(6, 4, 1, 1),
+            [6],
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            False,
+            [0, 0],
+            1,
+            [True, True, True],
+        ),
+        {},
+    ),  # fmt: skip
+    ident="convolution_backward-1x1-stride2",
+)
 
 # pooling
 sample(aten.max_pool2d_with_indices.default, lambda: ((R(2, 3, 9, 8), [3, 2], [2, 2], [1, 1]), {}))

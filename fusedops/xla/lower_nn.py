@@ -32,36 +32,54 @@ def _conv_dims(nd: int) -> lax.ConvDimensionNumbers:
 _DEPTHWISE_TAPS = 81
 
 
-def _cpu_depthwise(x, w, transposed: bool, groups: int) -> bool:
-    """Whether a convolution runs as ``lower_depthwise``'s: on the CPU, every group reading one
-    input channel (ConvNeXt's, MobileNet's), at most ``_DEPTHWISE_TAPS`` taps, batched, and
-    something to compute."""
+def _depthwise_shapes(x_shape, w_shape, transposed: bool, groups: int) -> bool:
+    """Whether a convolution of these shapes runs as ``lower_depthwise``'s on the CPU: every
+    group reading one input channel (ConvNeXt's, MobileNet's), at most ``_DEPTHWISE_TAPS``
+    taps, batched, and something to compute."""
     return (
-        on_cpu()
-        and x.ndim == w.ndim
+        len(x_shape) == len(w_shape)
         and not transposed
         and groups > 1
-        and groups == x.shape[1]
-        and w.shape[1] == 1
-        and math.prod(w.shape[2:]) <= _DEPTHWISE_TAPS
-        and x.size > 0
-        and w.size > 0
+        and groups == x_shape[1]
+        and w_shape[1] == 1
+        and math.prod(w_shape[2:]) <= _DEPTHWISE_TAPS
+        and math.prod(x_shape) > 0
+        and math.prod(w_shape) > 0
     )
+
+
+def _pointwise_shapes(x_shape, w_shape, transposed: bool, groups: int, padding) -> bool:
+    """Whether a convolution of these shapes runs as ``_pointwise``'s matrix products on the
+    CPU: a dense 1x1 (1x1x1...) kernel without padding, batched, something to compute."""
+    return (
+        not transposed
+        and groups == 1
+        and len(x_shape) == len(w_shape)
+        and all(k == 1 for k in w_shape[2:])
+        and not any(padding)
+        and math.prod(x_shape) > 0
+        and math.prod(w_shape) > 0
+    )
+
+
+def xla_convolution_on_cpu(x_shape, w_shape, transposed: bool, groups: int, padding) -> bool:
+    """Whether a convolution (``x_shape``, weight ``w_shape``; an unbatched x is batched first,
+    as ``_convolution`` does) stays an XLA convolution on the CPU: neither unrolled by
+    ``lower_depthwise`` nor ``_pointwise``'s products."""
+    if len(x_shape) == len(w_shape) - 1:
+        x_shape = (1, *x_shape)
+    return not (
+        _depthwise_shapes(x_shape, w_shape, transposed, groups)
+        or _pointwise_shapes(x_shape, w_shape, transposed, groups, padding)
+    )
+
+
+def _cpu_depthwise(x, w, transposed: bool, groups: int) -> bool:
+    return on_cpu() and _depthwise_shapes(x.shape, w.shape, transposed, groups)
 
 
 def _cpu_pointwise(x, w, transposed: bool, groups: int, padding) -> bool:
-    """Whether a convolution runs as ``_pointwise``'s matrix products: on the CPU, a dense
-    1x1 (1x1x1...) kernel without padding, batched, something to compute."""
-    return (
-        on_cpu()
-        and not transposed
-        and groups == 1
-        and x.ndim == w.ndim
-        and all(k == 1 for k in w.shape[2:])
-        and not any(padding)
-        and x.size > 0
-        and w.size > 0
-    )
+    return on_cpu() and _pointwise_shapes(x.shape, w.shape, transposed, groups, padding)
 
 
 def _pointwise(x, w, stride):

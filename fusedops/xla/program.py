@@ -31,7 +31,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from fusedops.xla import bridge, cache, lower, omp, rng, tune
+from fusedops.xla import bridge, cache, lower, lower_nn, omp, rng, tune
 from fusedops.xla.errors import XLATraceError
 
 aten = torch.ops.aten
@@ -99,19 +99,27 @@ def _result_fix(node: torch.fx.Node) -> tuple[bool, bool]:
     return meta.dtype == torch.complex32, meta.device.type == "cpu" and meta.dim() == 0
 
 
-#: convolution nodes -> the positions of (weight, groups) among their arguments
-_CONVOLUTIONS = {aten.convolution.default: (1, 8), aten.convolution_backward.default: (2, 9)}
+#: convolution nodes -> the positions of (x, weight, padding, transposed, groups) among their
+#: arguments
+_CONVOLUTIONS = {
+    aten.convolution.default: (0, 1, 4, 6, 8),
+    aten.convolution_backward.default: (1, 2, 5, 7, 9),
+}
 
 
-def _is_dense_convolution(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a convolution (or its backward) that XLA runs as a convolution: not
-    a depthwise one (every group reading one input channel), which the CPU lowering unrolls."""
+def _is_xla_convolution(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a convolution (or its backward) that stays an XLA convolution on the
+    CPU (``lower_nn.xla_convolution_on_cpu``; True where the shapes are unknown)."""
     where = _CONVOLUTIONS.get(node.target) if node.op == "call_function" else None
     if where is None:
         return False
-    weight, groups = (node.args[i] for i in where)
-    value = weight.meta.get("val") if isinstance(weight, torch.fx.Node) else None
-    return groups == 1 or value is None or value.shape[1] != 1
+    x, w, padding, transposed, groups = (node.args[i] for i in where)
+    x, w = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (x, w))
+    if x is None or w is None:
+        return True
+    return lower_nn.xla_convolution_on_cpu(
+        tuple(x.shape), tuple(w.shape), transposed, groups, padding
+    )
 
 
 class JaxProgram:
@@ -139,7 +147,7 @@ class JaxProgram:
         self.random_ops = [
             n for n in self.nodes if n.op == "call_function" and n.target in lower.NEEDS_KEY
         ]
-        self._dense_convolution = any(map(_is_dense_convolution, self.nodes))
+        self._xla_convolution = any(map(_is_xla_convolution, self.nodes))
         # unique computed outputs; outputs that are inputs return the input tensor itself, and
         # (views_in_torch) views of inputs are made by torch on it
         self._views: dict[torch.fx.Node, tuple] = {}
@@ -292,7 +300,7 @@ class JaxProgram:
         if on_cpu and tune.enabled():
             candidates = {
                 name: jax.jit(run, compiler_options=options or None)
-                for name, options in tune.candidates(self._dense_convolution).items()
+                for name, options in tune.candidates(self._xla_convolution).items()
             }
             name, function, results, seconds = tune.fastest(candidates, jax_args)
         else:  # XLA's defaults (no dot library to choose off the CPU)

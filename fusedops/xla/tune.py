@@ -1,4 +1,4 @@
-"""Which XLA:CPU library runs a program's dot products (and, in programs with a dense
+"""Which XLA:CPU library runs a program's dot products (and, in programs holding an XLA
 convolution, its convolutions), chosen per program on its first call.
 
 XLA:CPU hands dots to YNNPACK by default. Measured on the 2-core x86 CPU of our CI (jax 0.10.2,
@@ -47,7 +47,8 @@ MIN_ROUNDS, MAX_ROUNDS = 2, 5
 TIMING_BUDGET_S = 0.25
 LONG_RUN_S = 0.5
 
-#: extra candidates for programs holding a dense (not depthwise) convolution or its backward:
+#: extra candidates for programs holding a convolution (or its backward) that stays an XLA
+#: convolution (``lower_nn.xla_convolution_on_cpu``: not depthwise, not 1x1):
 #: YNNPACK's dots and reductions as by default, convolutions left to XLA's own (Eigen) kernels.
 #: Measured on the CI's 2-core x86 (jax 0.10.2): YNNPACK ran the 7x7 stride-2 stem of a ResNet
 #: on 3 channels ([8, 3, 64, 64] -> [8, 32, 32, 32]) in 3.7-4.0 ms, Eigen in 1.2-1.3 ms; the
@@ -65,7 +66,7 @@ _REFUSED = (getattr(jax.errors, "JaxRuntimeError", RuntimeError),)
 
 def candidates(convolution: bool) -> dict[str, dict[str, str]]:
     """Name -> compile options of the candidates a CPU program is timed with: ``CANDIDATES``,
-    and ``CONVOLUTION_CANDIDATES`` where the program holds a dense ``convolution``."""
+    and ``CONVOLUTION_CANDIDATES`` where the program holds an XLA convolution."""
     return {**CANDIDATES, **CONVOLUTION_CANDIDATES} if convolution else dict(CANDIDATES)
 
 

@@ -65,11 +65,12 @@ def _attention_block():
     return nn.Sequential(models.Block(dim=16, heads=2, p=0.0), nn.LayerNorm(16))
 
 
-def _trace_and_check(model):
-    """One forward+backward of ``model`` under partial_trace against eager; the programs."""
+def _trace_and_check(model, shape=(3, 7, 16)):
+    """One forward+backward of ``model`` on a random x of ``shape`` under partial_trace against
+    eager; the programs."""
     ref = copy.deepcopy(model)
     traced = partial_trace(model)
-    x = random_tensor((3, 7, 16))
+    x = random_tensor(shape)
     traced(x).square().mean().backward()
     ref(x).square().mean().backward()
     assert_close(traced(x), ref(x), dtype=torch.float32, scale=2.0, msg="output")
@@ -143,16 +144,7 @@ class _ConvBlock(nn.Module):
 
 
 def _conv_programs(model):
-    ref = copy.deepcopy(model)
-    traced = partial_trace(model)
-    x = random_tensor((2, 3, 9, 9))
-    traced(x).square().mean().backward()
-    ref(x).square().mean().backward()
-    assert_close(traced(x), ref(x), dtype=torch.float32, scale=2.0, msg="output")
-    got, want = models.grads(model), models.grads(ref)
-    for name in want:
-        assert_close(got[name], want[name], dtype=torch.float32, scale=4.0, msg=name)
-    return traced.stats.compiled
+    return _trace_and_check(model, (2, 3, 9, 9))
 
 
 def test_programs_with_a_dense_convolution_also_time_the_convolution_candidates(monkeypatch):
@@ -164,10 +156,14 @@ def test_programs_with_a_dense_convolution_also_time_the_convolution_candidates(
     for program in programs:
         (choice,) = program.tuning.values()
         assert set(choice["seconds"]) == everything
-    # no convolution, or only a depthwise one (unrolled on the CPU, no XLA convolution left)
-    depthwise_only = _ConvBlock(depthwise=False)
+    # no convolution, or only a depthwise or 1x1 one (unrolled or matrix products on the CPU:
+    # no XLA convolution left)
+    depthwise_only, pointwise_only = _ConvBlock(depthwise=False), _ConvBlock(depthwise=False)
     depthwise_only.stem = nn.Conv2d(3, 3, 3, padding=1, groups=3)
-    for program in [*_trace_and_check(_attention_block()), *_conv_programs(depthwise_only)]:
+    pointwise_only.stem = nn.Conv2d(3, 8, 1, stride=2)
+    programs = _trace_and_check(_attention_block())
+    programs += _conv_programs(depthwise_only) + _conv_programs(pointwise_only)
+    for program in programs:
         (choice,) = program.tuning.values()
         assert set(choice["seconds"]) == set(tune.CANDIDATES)
     assert not tune.candidates(convolution=False).keys() & tune.CONVOLUTION_CANDIDATES.keys()

@@ -277,15 +277,35 @@ def _several_rows_per_block_match_float64(monkeypatch, op, n, vector_access):
 def _eager_calls_use_the_cpp_autograd_op(monkeypatch, op, weight_dtype):
     """On the CUDA backend an eager call is one extension op whose backward is C++; weights of
     another dtype than fp32 or x's (fp16 with bf16 x) take the autograd.Function instead."""
+    python_calls = _count_python_function_forwards(monkeypatch)
+    _case(op, (2, 3), (4, 96), torch.bfloat16, "both", "cuda", weight_dtype=weight_dtype)
+    assert bool(python_calls) == (weight_dtype == torch.float16)
+
+
+def _count_python_function_forwards(monkeypatch):
+    """A list that gets an entry each time the LayerNorm/RMSNorm autograd.Function's forward
+    runs. The eager path calls the Function through the C ``apply`` (ops/_define.py), which
+    looks ``forward`` up on the class: patching ``apply`` would count nothing."""
     from fusedops.ops import layer_norm as ops
 
     python_calls = []
     for function in (ops.LAYER_NORM.function, ops.RMS_NORM.function):
+        forward = function.forward
         monkeypatch.setattr(
-            function, "apply", lambda *a, f=function.apply: python_calls.append(1) or f(*a)
+            function, "forward", staticmethod(lambda *a, f=forward: python_calls.append(1) or f(*a))
         )
-    _case(op, (2, 3), (4, 96), torch.bfloat16, "both", "cuda", weight_dtype=weight_dtype)
-    assert bool(python_calls) == (weight_dtype == torch.float16)
+    return python_calls
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b not in ("cuda", "native")])
+@pytest.mark.parametrize("op", OPS)
+def test_python_function_counter_sees_eager_calls(monkeypatch, op, backend):
+    """The counter of the gpu-only C++ autograd check, where the Function runs (the fusedops
+    kernels but CUDA's C++ op; native calls torch's op): each eager call with a gradient is
+    seen, and the results stay the oracle's."""
+    python_calls = _count_python_function_forwards(monkeypatch)
+    _case(op, (2, 3), (4, 96), torch.bfloat16, "both", backend)
+    assert python_calls
 
 
 def _cpp_op_cases():

@@ -253,13 +253,14 @@ def test_looped_path_matches_float64(monkeypatch, op, affine, n, dtype, backend)
     _case(op, (5,), (n,), dtype, affine, backend)
 
 
-def _vector_access_matches_float64(monkeypatch, op, affine, n, dtype):
-    """The CUDA register path with 16-byte accesses (VECTOR_ACCESS), through the C++ autograd
-    op: warp rows and block rows, N a multiple of the vector width or not (1000 with 16-bit
-    types falls back to one element per access)."""
+def _vector_access_matches_float64(monkeypatch, op, affine, n, dtype, vector_access=True):
+    """The CUDA register path with 16-byte accesses (VECTOR_ACCESS, the default), or with one
+    element per access (VECTOR_ACCESS off), through the C++ autograd op: warp rows and block
+    rows, N a multiple of the vector width or not (1000 with 16-bit types falls back to one
+    element per access)."""
     from fusedops.kernels.cuda import layer_norm as kernels
 
-    monkeypatch.setattr(kernels, "VECTOR_ACCESS", True)
+    monkeypatch.setattr(kernels, "VECTOR_ACCESS", vector_access)
     _case(op, (37,), (n,), dtype, affine, "cuda")
 
 
@@ -315,6 +316,13 @@ def _cpp_op_cases():
                      id=f"vector-{op}-{affine}-{n}-{str(dtype)[6:]}")
         for op in OPS
         for affine in ("both", "none")
+        for n in (8, 24, 64, 96, 1000, 1024, 2048, 4096, 8192)
+        for dtype in DTYPES
+    ]  # fmt: skip
+    cases += [
+        pytest.param(_vector_access_matches_float64, (op, "both", n, dtype, False),
+                     id=f"element-{op}-both-{n}-{str(dtype)[6:]}")
+        for op in OPS
         for n in (8, 24, 64, 96, 1000, 1024, 2048, 4096, 8192)
         for dtype in DTYPES
     ]  # fmt: skip

@@ -267,7 +267,7 @@ def _vector_access_matches_float64(monkeypatch, op, affine, n, dtype, vector_acc
 def _several_rows_per_block_match_float64(monkeypatch, op, n, vector_access):
     """The CUDA register-path backward with more rows than blocks (16 per SM at most: several
     rows per block, so the dweight/dbias sums of a block, in registers or shared memory, add
-    rows), warp rows (N 300, 1000) and block rows (4096, 5000) whose rows are read twice."""
+    rows), warp rows (N 300, 1000) and block rows (4096, 5000)."""
     from fusedops.kernels.cuda import layer_norm as kernels
 
     monkeypatch.setattr(kernels, "VECTOR_ACCESS", vector_access)

@@ -16,10 +16,8 @@
 //   pass 2 normalises.
 // Backward: dx = (g - (xhat * c1 + c2)) * rstd, g = dy * w, c1 = mean(xhat * g), c2 = mean(g)
 //   (RMSNorm: c2 = 0). dweight/dbias in two deterministic stages: each block writes one fp32
-//   partial row (blocks = partial rows, chosen by the caller: layer_norm_backward_blocks_per_sm
-//   per SM), then column_sum_kernel adds the partial rows in order. No atomics: the same bits
-//   on every run. Register path rows of 16 or more values per thread are read twice instead of
-//   held, block rows keep the dbias sums in shared memory (kRereadRow, kSharedBiasSums).
+//   partial row (blocks = partial rows, chosen by the caller), then column_sum_kernel adds the
+//   partial rows in order. No atomics: the same bits on every run.
 // RMSNorm variants (NormVariant, layer_norm.h): xhat rounded to fp16/bf16 before the weight
 //   multiply, y (forward) / dy (backward) in fp32 instead of x's dtype; dweight sums dy times
 //   the rounded xhat.
@@ -274,10 +272,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Writes partial[blockIdx.x, :] = the sum of the block's row slots' accumulators, slot by slot
 // in order (through shared memory when the block holds several rows). Every thread calls it.
-// acc(k * kVec + e) is the thread's sum for column (k * row threads + t) * kVec + e.
-template <int kRowWarps, int kVpt, int kVec, typename Acc>
-__device__ __forceinline__ void write_partial(const Acc& acc, float* partial, float* slot_partial,
-                                              int slot, int t, int cols) {
+// acc[k * kVec + e] is column (k * row threads + t) * kVec + e.
+template <int kRowWarps, int kVpt, int kVec>
+__device__ __forceinline__ void write_partial(const float (&acc)[kVpt], float* partial,
+                                              float* slot_partial, int slot, int t, int cols) {
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kRowValues = kRowThreads * kVpt;
@@ -289,7 +287,7 @@ __device__ __forceinline__ void write_partial(const Acc& acc, float* partial, fl
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const int j = (k * kRowThreads + t) * kVec + e;
-        if (j < cols) partial_row[j] = acc(k * kVec + e);
+        if (j < cols) partial_row[j] = acc[k * kVec + e];
       }
     }
   } else {
@@ -298,7 +296,7 @@ __device__ __forceinline__ void write_partial(const Acc& acc, float* partial, fl
     for (int k = 0; k < kVectors; ++k) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        slot_partial[slot * kRowValues + (k * kRowThreads + t) * kVec + e] = acc(k * kVec + e);
+        slot_partial[slot * kRowValues + (k * kRowThreads + t) * kVec + e] = acc[k * kVec + e];
       }
     }
     __syncthreads();
@@ -311,70 +309,8 @@ __device__ __forceinline__ void write_partial(const Acc& acc, float* partial, fl
   }
 }
 
-// How the backward register path holds a row, per instantiation. Rows of kVpt >= 16 values
-// per thread are read twice (kRereadRow; pass 1: the row sums and the dweight/dbias sums, pass
-// 2: x and dy again, from L1/L2, for dx) instead of holding xhat and g in registers between the
-// passes; block rows of 16 or 32 values per thread keep the dbias sums in shared memory
-// (kSharedBiasSums: the thread's own columns, value i of thread t at [i * 256 + t], never read
-// by another thread), the dweight sums in registers. Each value is computed by the same
-// expressions, in the same order, either way: the same bits.
-// backward_min_blocks: the CTAs per SM an instantiation is compiled for (__launch_bounds__; 0:
-// ptxas's choice); with these none spills on sm_80/sm_90 (left to itself ptxas spilled a few
-// bytes at 64 registers in some warp-row ones). The host launches the block rows' number of
-// blocks per SM, 2 for the others (layer_norm_backward_blocks_per_sm).
-template <int kVpt>
-constexpr bool kRereadRow = kVpt >= 16;
-
-template <int kRowWarps, int kVpt>
-constexpr bool kSharedBiasSums = kRowWarps == kWarpsPerBlock && kVpt >= 16;
-
-template <int kRowWarps, int kVpt>
-constexpr int backward_min_blocks() {
-  if (kRowWarps == kWarpsPerBlock) return kVpt == 32 ? 3 : kVpt == 16 ? 4 : 0;
-  return kVpt == 32 ? 2 : kVpt >= 8 ? 3 : 0;
-}
-
-// p (v), through an empty asm the compiler cannot see into: loads through the result are issued
-// again (from L1/L2) instead of reusing the registers of earlier loads of the same addresses,
-// and tests against v are made where they are used instead of hoisted out of the row loop and
-// held in registers.
-template <typename P>
-__device__ __forceinline__ P* reread(P* p) {
-  asm volatile("" : "+l"(p));
-  return p;
-}
-
-__device__ __forceinline__ int reread(int v) {
-  asm volatile("" : "+r"(v));
-  return v;
-}
-
-// xhat, g = dy * weight and dy of the kVec elements lead + j .. lead + j + kVec - 1 of a row
-// (0 past its end), where `start` is the element offset of column `lead` of that row in x and
-// dy and n = cols - lead. The kernel keeps the thread's column `lead` and the row's `start` in
-// registers and passes j as a constant: no per-vector column indices held across the row loop.
-template <int kVec, typename T, typename W>
-__device__ __forceinline__ void load_row_terms(const void* dy, const T* x, const W* weight,
-                                               int64_t start, int lead, int j, int n, float mu,
-                                               float rs, bool out_fp32, float* xhat, float* g,
-                                               float* d) {
-  float xv[kVec];
-  load_values<kVec>(x + start, j, n, xv);
-  load_dy_values<kVec, T>(dy, start, j, n, out_fp32, d);
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    xhat[e] = 0.0f;
-    g[e] = 0.0f;
-    if (j + e < n) {
-      xhat[e] = (xv[e] - mu) * rs;
-      // rounded on its own (never fused into dx's subtraction, as when g was held): same bits
-      g[e] = weight != nullptr ? __fmul_rn(d[e], to_float(weight[lead + j + e])) : d[e];
-    }
-  }
-}
-
 template <typename T, typename W, int kRowWarps, int kVpt, int kVec>
-__global__ void __launch_bounds__(kThreads, (backward_min_blocks<kRowWarps, kVpt>()))
+__global__ void __launch_bounds__(kThreads)
     backward_register_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                              const W* __restrict__ weight, const float* __restrict__ mean,
                              const float* __restrict__ rstd, T* __restrict__ dx,
@@ -385,96 +321,70 @@ __global__ void __launch_bounds__(kThreads, (backward_min_blocks<kRowWarps, kVpt
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kRowValues = kRowThreads * kVpt;
   constexpr int kVectors = kVpt / kVec;
-  constexpr bool kReread = kRereadRow<kVpt>;
-  constexpr bool kSharedDb = kSharedBiasSums<kRowWarps, kVpt>;
-  constexpr int kHeld = kReread ? kVec : kVpt;  // xhat and g values held between the passes
-  // Re-read rows: loads in flight per thread bounded to about 8 values (kChunk vectors), so the
-  // registers they take; the warp's other rows and the block's other warps cover the latency.
-  constexpr int kChunk = kVec >= 8 ? 1 : 8 / kVec;
   __shared__ float shared[kWarpsPerBlock];
   // Per-slot partial rows of a block, added in slot order (only when a block holds several rows).
   __shared__ float slot_partial[kRowsPerBlock > 1 ? kRowsPerBlock * kRowValues : 1];
-  __shared__ float db_shared[kSharedDb ? kVpt * kRowThreads : 1];
   const int slot = threadIdx.x / kRowThreads;
   const int t = threadIdx.x % kRowThreads;
-  // the thread's first column; its vector k starts k * kRowThreads * kVec columns further
-  const int lead = t * kVec;
   float dw_acc[kVpt];
-  float db_acc[kSharedDb ? 1 : kVpt];
-  float* db_mine = db_shared + t;  // kSharedDb: value i at db_mine[i * kRowThreads]
+  float db_acc[kVpt];
 #pragma unroll
   for (int i = 0; i < kVpt; ++i) {
     dw_acc[i] = 0.0f;
-    if constexpr (kSharedDb) {
-      db_mine[i * kRowThreads] = 0.0f;
-    } else {
-      db_acc[i] = 0.0f;
-    }
+    db_acc[i] = 0.0f;
   }
   const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + slot; row < rows;
        row += step) {
     const float mu = rms ? 0.0f : mean[row];
     const float rs = rstd[row];
-    const int64_t start = row * cols + lead;
-    const int n = reread(cols) - lead;  // not hoisted out of the row loop as per-vector tests
-    float xhat[kHeld];
-    float g[kHeld];
+    const T* x_row = x + row * cols;
+    float xhat[kVpt];
+    float g[kVpt];
     float s1 = 0.0f;
     float s2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
-      const int h = kReread ? 0 : k * kVec;  // this vector's first index in xhat and g
+      const int j0 = (k * kRowThreads + t) * kVec;
+      float xv[kVec];
       float d[kVec];
-      if (kReread && k > 0 && k % kChunk == 0) __syncwarp();
-      load_row_terms<kVec>(dy, x, weight, start, lead, k * kRowThreads * kVec, n, mu, rs,
-                           variant.out_fp32, xhat + h, g + h, d);
+      load_values<kVec>(x_row, j0, cols, xv);
+      load_dy_values<kVec, T>(dy, row * cols, j0, cols, variant.out_fp32, d);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const int i = k * kVec + e;
-        dw_acc[i] += d[e] * round_xhat(xhat[h + e], variant.xhat_dtype);
-        if constexpr (kSharedDb) {
-          if (db_partial != nullptr) db_mine[i * kRowThreads] += d[e];
-        } else {
+        xhat[i] = 0.0f;
+        g[i] = 0.0f;
+        if (j0 + e < cols) {
+          xhat[i] = (xv[e] - mu) * rs;
+          g[i] = weight != nullptr ? d[e] * to_float(weight[j0 + e]) : d[e];
+          dw_acc[i] += d[e] * round_xhat(xhat[i], variant.xhat_dtype);
           db_acc[i] += d[e];
         }
-        s1 += xhat[h + e] * g[h + e];
-        s2 += g[h + e];
+        s1 += xhat[i] * g[i];
+        s2 += g[i];
       }
     }
     const float c1 = row_sum<kRowWarps>(s1, shared) / cols;
     const float c2 = rms ? 0.0f : row_sum<kRowWarps>(s2, shared) / cols;
+    T* dx_row = dx + row * cols;
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
-      const int j = k * kRowThreads * kVec;
-      const int h = kReread ? 0 : k * kVec;
-      if constexpr (kReread) {
-        if (k > 0 && k % kChunk == 0) __syncwarp();
-        float d[kVec];
-        load_row_terms<kVec>(reread(dy), reread(x), reread(weight), start, lead, j, n, mu, rs,
-                             variant.out_fp32, xhat, g, d);
-      }
       float out[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) out[e] = (g[h + e] - (xhat[h + e] * c1 + c2)) * rs;
-      store_values<kVec>(dx + start, j, n, out);
+      for (int e = 0; e < kVec; ++e) {
+        const int i = k * kVec + e;
+        out[e] = (g[i] - (xhat[i] * c1 + c2)) * rs;
+      }
+      store_values<kVec>(dx_row, (k * kRowThreads + t) * kVec, cols, out);
     }
   }
   // One partial row per block: partial[blockIdx.x, :].
   if (dw_partial != nullptr) {  // uniform across the block
-    write_partial<kRowWarps, kVpt, kVec>([&](int i) { return dw_acc[i]; }, dw_partial,
-                                         slot_partial, slot, t, cols);
+    write_partial<kRowWarps, kVpt, kVec>(dw_acc, dw_partial, slot_partial, slot, t, cols);
   }
   if (db_partial != nullptr) {
-    write_partial<kRowWarps, kVpt, kVec>(
-        [&](int i) {
-          if constexpr (kSharedDb) {
-            return db_mine[i * kRowThreads];
-          } else {
-            return db_acc[i];
-          }
-        },
-        db_partial, slot_partial, slot, t, cols);
+    write_partial<kRowWarps, kVpt, kVec>(db_acc, db_partial, slot_partial, slot, t, cols);
   }
 }
 
@@ -722,18 +632,6 @@ cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bi
 
 bool layer_norm_backward_needs_coeffs(int64_t cols, int64_t max_register_cols) {
   return !use_register_path(cols, max_register_cols);
-}
-
-// Block rows of 16 or 32 values per thread: the CTAs per SM their kernels are compiled for;
-// otherwise 2 (every backward instantiation holds at least 2 on sm_80/sm_90).
-int layer_norm_backward_blocks_per_sm(int64_t cols, int64_t max_register_cols) {
-  int blocks = 0;
-  if (use_register_path(cols, max_register_cols)) {
-    FUSEDOPS_LN_REGISTER_DISPATCH(cols, {
-      if (kRowWarps == kWarpsPerBlock) blocks = backward_min_blocks<kRowWarps, kVpt>();
-    });
-  }
-  return blocks > 2 ? blocks : 2;
 }
 
 cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weight,

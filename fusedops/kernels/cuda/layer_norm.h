@@ -33,10 +33,6 @@ cudaError_t layer_norm_forward(const void* x, const void* weight, const void* bi
 // (partial_rows, cols), null exactly when dweight/dbias is). coeffs: (2, rows) fp32 workspace
 // for long rows (exactly when layer_norm_backward_needs_coeffs; may be null otherwise).
 bool layer_norm_backward_needs_coeffs(int64_t cols, int64_t max_register_cols);
-// Blocks per SM the backward is built to run for rows of `cols` (3 or 4 for rows of 2049 to
-// 8192 held in registers, else 2): the caller's partial_rows is this times the SM count (at
-// most rows and 65535).
-int layer_norm_backward_blocks_per_sm(int64_t cols, int64_t max_register_cols);
 cudaError_t layer_norm_backward(const void* dy, const void* x, const void* weight,
                                 DType param_dtype, const float* mean, const float* rstd,
                                 void* dx, float* dw_partial, float* db_partial,

@@ -56,9 +56,8 @@ at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& options, b
   return t;
 }
 
-// Blocks of the backward = fp32 partial rows of the dweight/dbias reduction: as many per SM as
-// the kernel for rows of `cols` is built to hold (layer_norm_backward_blocks_per_sm).
-int64_t backward_partial_rows(const at::Tensor& x, int64_t cols, int64_t max_register_cols) {
+// Blocks of the backward = fp32 partial rows of the dweight/dbias reduction: two per SM.
+int64_t backward_partial_rows(const at::Tensor& x) {
   static std::array<std::atomic<int>, 64> multiprocessors{};  // by device index; 0: unknown
   const int device = x.get_device();
   int sms = device < 64 ? multiprocessors[device].load(std::memory_order_relaxed) : 0;
@@ -67,8 +66,7 @@ int64_t backward_partial_rows(const at::Tensor& x, int64_t cols, int64_t max_reg
                  "cudaDeviceGetAttribute");
     if (device < 64) multiprocessors[device].store(sms, std::memory_order_relaxed);
   }
-  const int64_t per_sm = fusedops::layer_norm_backward_blocks_per_sm(cols, max_register_cols);
-  return std::max<int64_t>(1, std::min<int64_t>({x.size(0), per_sm * sms, 65535}));
+  return std::max<int64_t>(1, std::min<int64_t>({x.size(0), 2 * int64_t{sms}, 65535}));
 }
 
 // RMSNorm variants (layer_norm.h, NormVariant): y / dy in x's dtype or float32 (`out_type`), xhat
@@ -141,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
     if (bias.has_value()) dbias = at::zeros_like(*bias);
     return {dx, dweight, dbias};
   }
-  const int64_t partial_rows = backward_partial_rows(x, cols, max_register_cols);
+  const int64_t partial_rows = backward_partial_rows(x);
   const at::TensorOptions f32 = x.options().dtype(at::kFloat);
   at::Tensor dw_partial, db_partial, coeffs;
   if (weight.has_value()) {

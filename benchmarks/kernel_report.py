@@ -407,6 +407,14 @@ def layer_norm_launches(dtype: torch.dtype) -> list[Launch]:
             rows.append(Launch("layer_norm", ln._backward_columns_kernel, dtype, shape,
                                dict(flags, BLOCK_N=min(ln.LOOP_BLOCK_N, 1024)), 4,
                                **common))  # fmt: skip
+        splits = triton.cdiv(programs, ln.SPLIT_ROWS)
+        if splits > 1:  # _column_sum's first stage: fp32 rows of split sums
+            rows.append(Launch("layer_norm", ln._column_sum_kernel, dtype,
+                               f"({programs}, {n}) partial -> ({splits}, {n})",
+                               dict(BLOCK_P=min(32, ln.SPLIT_ROWS), BLOCK_N=ln.SPLIT_BLOCK_N), 4,
+                               types={"partial_ptr": "*fp32", "out_ptr": "*fp32"},
+                               divisible=("N",)))  # fmt: skip
+            programs = splits
         block_p = min(32, triton.next_power_of_2(programs))
         block_n = min(max(128, ln.TILE_ELEMENTS // block_p), triton.next_power_of_2(n))
         rows.append(Launch("layer_norm", ln._column_sum_kernel, dtype, f"({programs}, {n}) partial",

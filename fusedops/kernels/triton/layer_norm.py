@@ -21,7 +21,8 @@ xhat rounded the same way, and dy is read in its own dtype.
 Backward: ``dx = (g - (xhat * c1 + c2)) * rstd`` with ``g = dy * w``, ``c1 = mean(xhat * g)``,
 ``c2 = mean(g)`` (RMSNorm: ``c2 = 0``, ``xhat = x * rstd``). dweight and dbias are reduced in two
 deterministic stages: each program writes one fp32 partial row, then ``_column_sum_kernel`` adds
-the partial rows in a fixed order. No atomics: the same bits on every run.
+the partial rows in a fixed order (in two launches past SPLIT_ROWS rows, ``_column_sum``). No
+atomics: the same bits on every run.
 - register path: ``G`` programs each take row tiles ``pid, pid + G, ...``, accumulating their
   partial row in registers.
 - looped path: ``_backward_coeffs_kernel`` gives c1, c2 per row; ``_backward_columns_kernel``
@@ -58,6 +59,10 @@ LOOP_BLOCK_N = 2048
 TILE_ELEMENTS = 4096
 #: Partial rows of the dweight/dbias reduction on a CPU (interpreter) run.
 INTERPRETER_PROGRAMS = 4
+#: ``_column_sum``: partial rows a first-stage program adds (more rows: two stages), and the
+#: first stage's column block (256 bytes of each fp32 row a program).
+SPLIT_ROWS = 64
+SPLIT_BLOCK_N = 64
 
 
 @triton.jit
@@ -368,17 +373,25 @@ def _backward_columns_kernel(
 
 
 @triton.jit
-def _column_sum_kernel(partial_ptr, out_ptr, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _column_sum_kernel(
+    partial_ptr, out_ptr, P, N, ROWS, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    # program (column block c, split s): out[s, cols] = the sum of partial rows
+    # [s * ROWS, min((s + 1) * ROWS, P)) at those columns, in a fixed order
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
+    split = tl.program_id(1)
+    first = split * ROWS
+    end = tl.minimum(first + ROWS, P)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for start in range(0, P, BLOCK_P):
+    for start in range(first, end, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
-        mask = (rows < P)[:, None] & col_mask[None, :]
+        mask = (rows < end)[:, None] & col_mask[None, :]
         offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
         acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
     total = tl.sum(acc, axis=0)
-    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+    out = split.to(tl.int64) * N + cols
+    tl.store(out_ptr + out, total.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
 # ------------------------------------------------------------------------------------------
@@ -416,13 +429,27 @@ def _max_programs(device: torch.device) -> int:
 
 
 def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Sum of ``partial`` (P, N) fp32 over its rows, in a fixed order, as a (N,) ``dtype``."""
+    """Sum of ``partial`` (P, N) fp32 over its rows, in a fixed order, as a (N,) ``dtype``.
+
+    More than SPLIT_ROWS rows are summed in two stages: programs over (64-column blocks, splits
+    of SPLIT_ROWS rows) write one fp32 row per split, then one program per column block adds
+    those. One stage over P = 4 x SMs rows (528 on an H100) ran N / 128 programs (8 at N =
+    1024), each reading its 528 x 128 fp32 tile alone; two stages run (N / 64) x 9 programs, each
+    on 64 rows. The order is fixed by the shapes: the same bits on every run."""
     P, N = partial.shape
+    splits = cdiv(P, SPLIT_ROWS)
+    if splits > 1:
+        stage = _alloc.empty((splits, N), dtype=torch.float32, device=partial.device)
+        grid = (cdiv(N, SPLIT_BLOCK_N), splits)
+        _column_sum_kernel[grid](
+            partial, stage, P, N, SPLIT_ROWS, BLOCK_P=min(32, SPLIT_ROWS), BLOCK_N=SPLIT_BLOCK_N
+        )
+        partial, P = stage, splits
     out = _alloc.empty((N,), dtype=dtype, device=partial.device)
     block_p = min(32, next_power_of_2(P))
     block_n = min(max(128, TILE_ELEMENTS // block_p), next_power_of_2(N))
-    grid = (cdiv(N, block_n),)
-    _column_sum_kernel[grid](partial, out, P, N, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
+    grid = (cdiv(N, block_n), 1)
+    _column_sum_kernel[grid](partial, out, P, N, P, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
     return out
 
 

@@ -38,12 +38,32 @@ KNOBS = {"BUDGET", "WORKERS", "SUITE_OPS", "PYTEST_ARGS", "BENCH_ARGS", "SCRATCH
 KNOBS |= {"GPU_CHECK_DRY_RUN", "FUSEDOPS_COMMIT"}
 
 
+#: What the script reads of the machine, the same on every machine the tests run on: the GPU
+#: name (a stand-in nvidia-smi first on PATH: a GPU machine's real one names its GPU) and the
+#: commit where ``git rev-parse HEAD`` has none (a checkout copied without .git).
+STAND_IN_GPU = "Stand-in GPU 80GB"
+STAND_IN_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _stand_in_tools(tmp_path) -> str:
+    """A folder holding a stand-in ``nvidia-smi`` that prints STAND_IN_GPU (its only use in the
+    script: ``--query-gpu=name``); returns the folder."""
+    tools = tmp_path / "stand-in-tools"
+    tools.mkdir(exist_ok=True)
+    smi = tools / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{STAND_IN_GPU}'\n")
+    smi.chmod(0o755)
+    return str(tools)
+
+
 def _gpu_check(*args, tmp_path, **env):
     environment = {
         **{key: value for key, value in os.environ.items() if key not in KNOBS},
         "OUT": str(tmp_path / "out"),
         "GPU_CHECK_SCRATCH": str(tmp_path / "scratch"),
         "PYTHON": sys.executable,
+        "PATH": os.pathsep.join([_stand_in_tools(tmp_path), os.environ.get("PATH", "")]),
+        "FUSEDOPS_COMMIT": STAND_IN_COMMIT,
         **env,
     }
     return subprocess.run(
@@ -275,7 +295,7 @@ def test_suite_ops_run_records_only_the_files_whose_every_case_ran(tmp_path):
     assert {op for op in table if table[op] != base.get(op)} == {"quick_gelu", "bias_dropout_add"}
     assert set(table) == set(base) | {"quick_gelu", "bias_dropout_add"}, table
     assert set(table["quick_gelu"]) == {"cuda", "triton"}
-    assert table["quick_gelu"]["cuda"]["gpu"] == "unknown GPU"
+    assert table["quick_gelu"]["cuda"]["gpu"] == STAND_IN_GPU  # what nvidia-smi printed
     with tarfile.open(tmp_path / "out" / "results.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"gpu-check/collected/ops.txt", "gpu-check/junit/ops.xml"} <= names

@@ -680,3 +680,98 @@ def test_triton_column_sum_of_partial_rows(rows, dtype):
         total, partial.double().sum(0), terms=rows, magnitude=partial.double().abs().sum(0)
     )
     assert torch.equal(total, kernels._column_sum(partial, dtype))
+
+
+# layer_norm.cu's dweight/dbias reduction (column_sum_kernel and its two-launch host side,
+# launch_column_sum) compiled by g++ as host code: each launch runs its blocks and threads one
+# after another (a thread of it reads and writes only its own column, so the order changes
+# nothing), checking the kernel's index arithmetic on machines without a GPU.
+_COLUMN_SUM_SHIM = """
+#include <cstdint>
+#include <functional>
+#define __global__
+#define __launch_bounds__(...)
+typedef void* cudaStream_t;
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+static dim3 blockIdx(0), threadIdx(0);
+constexpr int kThreads = %(threads)d;
+constexpr int64_t kSplitRows = %(split_rows)d;
+template <typename W> W from_float(float v) { return v; }
+static void host_launch(dim3 grid, int threads, const std::function<void()>& body) {
+  for (blockIdx.y = 0; blockIdx.y < grid.y; ++blockIdx.y)
+    for (blockIdx.x = 0; blockIdx.x < grid.x; ++blockIdx.x)
+      for (threadIdx.x = 0; threadIdx.x < unsigned(threads); ++threadIdx.x) body();
+}
+"""
+_COLUMN_SUM_API = """
+extern "C" void host_column_sum(float* partial, float* out, int64_t rows, int cols) {
+  launch_column_sum<float>(partial, out, rows, cols, nullptr);
+}
+"""
+
+
+def _cut(source: str, start: str) -> str:
+    """The text of ``source`` from ``start`` to the end of the function that follows it."""
+    first = source.index(start)
+    return source[first : source.index("\n}\n", first) + 3]
+
+
+@pytest.fixture(scope="module")
+def host_column_sum(tmp_path_factory):
+    """layer_norm.cu's launch_column_sum<float> as a host function (ctypes)."""
+    import ctypes
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    source = (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+    constants = {
+        name: int(re.search(rf"constexpr \w+ {name} = (\d+);", source).group(1))
+        for name in ("kThreads", "kSplitRows")
+    }
+    code = _cut(source, "template <typename W>\n__global__ void __launch_bounds__(kThreads)\n"
+                "    column_sum_kernel")  # fmt: skip
+    code += _cut(source, "template <typename W>\nvoid launch_column_sum(")
+    # name<W><<<grid, threads, 0, stream>>>(args); -> host_launch(dim3(grid), threads, ...)
+    code, launches = re.subn(
+        r"(\w+<\w+>)<<<(.+?), (\w+), 0, stream>>>\((.*?)\);",
+        r"host_launch(dim3(\2), \3, [&] { \1(\4); });",
+        code,
+        flags=re.DOTALL,
+    )
+    assert launches == 2, code
+    shim = _COLUMN_SUM_SHIM % dict(
+        threads=constants["kThreads"], split_rows=constants["kSplitRows"]
+    )
+    build = tmp_path_factory.mktemp("column_sum_host")
+    (build / "column_sum.cpp").write_text(shim + code + _COLUMN_SUM_API)
+    library = build / "column_sum.so"
+    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(build / "column_sum.cpp")]
+    done = subprocess.run([*command, "-o", str(library)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(library)).host_column_sum
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17, 264, 528])
+@pytest.mark.parametrize("cols", [1, 300])
+def test_cuda_column_sum_as_host_code(host_column_sum, rows, cols):
+    """The CUDA backward's reduction of (rows, cols) fp32 partial rows (one launch up to
+    kSplitRows rows, two past it: 17 is a run of one row, 264 an H100's 2 x 132) against
+    float64."""
+    import ctypes
+
+    partial = random_tensor((rows, cols), torch.float32, torch.device("cpu"))
+    expected = partial.double().sum(0)
+    out = torch.full((cols,), float("nan"))
+    work = partial.clone()  # the first launch writes into it
+    host_column_sum(
+        ctypes.c_void_p(work.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int64(rows), ctypes.c_int(cols),
+    )  # fmt: skip
+    assert_close(out, expected, terms=rows, magnitude=partial.double().abs().sum(0))

@@ -25,8 +25,13 @@ DTYPES = [torch.float32, torch.bfloat16]
 #: CSV of 2026-11-22 was taken when MAX_WARPS also capped wide rows: its "regs,w16" /
 #: "regs,w32" rows are 16 / 32 warps.
 FORWARD_VARIANTS = [("loop>8192", 8192), ("regs<=32768", 32768), ("regs<=65536", 65536)]
-#: (name, MAX_FUSED_N, BACKWARD_WARPS_8192)
-BACKWARD_VARIANTS = [("regs<=8192,w8@8192", 8192, 8), ("regs<=8192,w16@8192", 8192, 16)]
+#: (name, MAX_FUSED_N, BACKWARD_WARPS_8192, SPLIT_ROWS): SPLIT_ROWS 2^62 sums the partial rows
+#: of dweight/dbias in one stage (as before 2026-11-26), 64 in two (the default since).
+BACKWARD_VARIANTS = [
+    ("regs<=8192,w8@8192", 8192, 8, 64),
+    ("regs<=8192,w16@8192", 8192, 16, 64),
+    ("regs<=8192,w16@8192,sum1", 8192, 16, 2**62),
+]
 #: (name, VECTOR_ACCESS) of the CUDA kernels: one element per access, or 16 bytes (register path).
 CUDA_VARIANTS = [("cuda", False), ("cuda vec16", True)]
 
@@ -57,7 +62,12 @@ def main() -> None:
             }
         )
 
-    defaults = (kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192)
+    defaults = (
+        kernels.MAX_FUSED_N,
+        kernels.MAX_FUSED_N_FORWARD,
+        kernels.BACKWARD_WARPS_8192,
+        kernels.SPLIT_ROWS,
+    )
     cuda_defaults = cuda_kernels.VECTOR_ACCESS
     for dtype in DTYPES:
         for n in SIZES:
@@ -73,14 +83,20 @@ def main() -> None:
                     record(f"triton {name}", dtype, n, "fwd", ms, 2)
                 except Exception as exc:  # a variant that cannot compile is reported
                     print(f"fwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
-            for name, limit, warps in BACKWARD_VARIANTS:
+            for name, limit, warps, split_rows in BACKWARD_VARIANTS:
                 kernels.MAX_FUSED_N, kernels.BACKWARD_WARPS_8192 = limit, warps
+                kernels.SPLIT_ROWS = split_rows
                 try:
                     ms = median_ms(lambda: kernels.layer_norm_backward(dy, x, w, b, mean, rstd))
                     record(f"triton {name}", dtype, n, "bwd", ms, 3)
                 except Exception as exc:
                     print(f"bwd {name} {dtype} N={n}: {type(exc).__name__}: {exc}"[:300])
-            kernels.MAX_FUSED_N, kernels.MAX_FUSED_N_FORWARD, kernels.BACKWARD_WARPS_8192 = defaults
+            (
+                kernels.MAX_FUSED_N,
+                kernels.MAX_FUSED_N_FORWARD,
+                kernels.BACKWARD_WARPS_8192,
+                kernels.SPLIT_ROWS,
+            ) = defaults
             for name, vector_access in CUDA_VARIANTS:
                 cuda_kernels.VECTOR_ACCESS = vector_access
                 ms = median_ms(lambda: cuda_kernels.layer_norm_forward(x, w, b, 1e-5))

@@ -412,7 +412,8 @@ def layer_norm_launches(dtype: torch.dtype) -> list[Launch]:
             rows.append(Launch("layer_norm", ln._column_sum_kernel, dtype,
                                f"({programs}, {n}) partial -> ({splits}, {n})",
                                dict(BLOCK_P=min(32, ln.SPLIT_ROWS), BLOCK_N=ln.SPLIT_BLOCK_N), 4,
-                               types={"partial_ptr": "*fp32", "out_ptr": "*fp32"},
+                               types={"partial_ptr": "*fp32", "out_ptr": "*fp32",
+                                      "out2_ptr": "*fp32"},
                                divisible=("N",)))  # fmt: skip
             programs = splits
         block_p = min(32, triton.next_power_of_2(programs))

@@ -665,21 +665,23 @@ def test_forward_second_pass_in_chunks(monkeypatch, op):
 
 @pytest.mark.skipif("triton" not in KERNEL_BACKENDS, reason="needs the Triton backend")
 @pytest.mark.parametrize("rows", [1, 5, 64, 65, 200, 528])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_triton_column_sum_of_partial_rows(rows, dtype):
+@pytest.mark.parametrize("dtypes", [[torch.float32], [torch.bfloat16, torch.float32]], ids=str)
+def test_triton_column_sums_of_partial_rows(rows, dtypes):
     """The Triton backward's dweight/dbias reduction (also bias_dropout_add's bias gradient):
-    rows of fp32 partial sums added in one stage up to SPLIT_ROWS (64) rows, in two past it
-    (65: a split of one row; 528: an H100's 4 x 132 partial rows), against float64, and the
-    same bits on a second call."""
+    rows of fp32 partial sums of one matrix or two (dweight's and dbias's, summed in the same
+    launches) added in one stage up to SPLIT_ROWS (64) rows, in two past it (65: a split of one
+    row; 528: an H100's 4 x 132 partial rows), against float64, and the same bits on a second
+    call."""
     from fusedops.kernels.triton import layer_norm as kernels
 
-    partial = random_tensor((rows, 300), torch.float32, DEVICE)
-    total = kernels._column_sum(partial, dtype)
-    assert total.dtype == dtype and total.shape == (300,)
-    assert_close(
-        total, partial.double().sum(0), terms=rows, magnitude=partial.double().abs().sum(0)
-    )
-    assert torch.equal(total, kernels._column_sum(partial, dtype))
+    partial = random_tensor((len(dtypes), rows, 300), torch.float32, DEVICE)
+    sums = kernels._column_sums(partial, dtypes)
+    for m, (total, dtype) in enumerate(zip(sums, dtypes, strict=True)):
+        assert total.dtype == dtype and total.shape == (300,)
+        expected, magnitude = partial[m].double().sum(0), partial[m].double().abs().sum(0)
+        assert_close(total, expected, terms=rows, magnitude=magnitude)
+    again = kernels._column_sums(partial, dtypes)
+    assert all(torch.equal(a, b) for a, b in zip(sums, again, strict=True))
 
 
 # layer_norm.cu's dweight/dbias reduction (column_sum_kernel and its two-launch host side,

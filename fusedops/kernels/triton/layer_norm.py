@@ -21,8 +21,8 @@ xhat rounded the same way, and dy is read in its own dtype.
 Backward: ``dx = (g - (xhat * c1 + c2)) * rstd`` with ``g = dy * w``, ``c1 = mean(xhat * g)``,
 ``c2 = mean(g)`` (RMSNorm: ``c2 = 0``, ``xhat = x * rstd``). dweight and dbias are reduced in two
 deterministic stages: each program writes one fp32 partial row, then ``_column_sum_kernel`` adds
-the partial rows in a fixed order (in two launches past SPLIT_ROWS rows, ``_column_sum``). No
-atomics: the same bits on every run.
+the partial rows in a fixed order (dweight's and dbias's in one launch; two launches past
+SPLIT_ROWS rows, ``_column_sums``). No atomics: the same bits on every run.
 - register path: ``G`` programs each take row tiles ``pid, pid + G, ...``, accumulating their
   partial row in registers.
 - looped path: ``_backward_coeffs_kernel`` gives c1, c2 per row; ``_backward_columns_kernel``
@@ -374,24 +374,29 @@ def _backward_columns_kernel(
 
 @triton.jit
 def _column_sum_kernel(
-    partial_ptr, out_ptr, P, N, ROWS, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
+    partial_ptr, out_ptr, out2_ptr, P, N, ROWS, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr
 ):
-    # program (column block c, split s): out[s, cols] = the sum of partial rows
-    # [s * ROWS, min((s + 1) * ROWS, P)) at those columns, in a fixed order
+    # program (column block c, split s, matrix m) of partial (matrices, P, N): row s of out (m =
+    # 0) or out2 (m = 1) at those columns = the sum of matrix m's rows [s * ROWS, min((s + 1) *
+    # ROWS, P)), in a fixed order
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     split = tl.program_id(1)
     first = split * ROWS
     end = tl.minimum(first + ROWS, P)
+    base = tl.program_id(2).to(tl.int64) * P * N
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for start in range(first, end, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
         mask = (rows < end)[:, None] & col_mask[None, :]
-        offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+        offsets = base + rows[:, None].to(tl.int64) * N + cols[None, :]
         acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
     total = tl.sum(acc, axis=0)
     out = split.to(tl.int64) * N + cols
-    tl.store(out_ptr + out, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+    if tl.program_id(2) == 0:
+        tl.store(out_ptr + out, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+    else:
+        tl.store(out2_ptr + out, total.to(out2_ptr.dtype.element_ty), mask=col_mask)
 
 
 # ------------------------------------------------------------------------------------------
@@ -428,29 +433,41 @@ def _max_programs(device: torch.device) -> int:
     return programs_to_fill(device, 4, INTERPRETER_PROGRAMS)
 
 
-def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Sum of ``partial`` (P, N) fp32 over its rows, in a fixed order, as a (N,) ``dtype``.
+def _column_sums(partial: torch.Tensor, dtypes: list[torch.dtype]) -> list[torch.Tensor]:
+    """Sums of ``partial`` (k, P, N) fp32 (k = 1 or 2 matrices, contiguous) over their rows, in
+    a fixed order: a (N,) tensor of ``dtypes[m]`` for each matrix m. One launch (two past
+    SPLIT_ROWS rows) for both matrices.
 
     More than SPLIT_ROWS rows are summed in two stages: programs over (64-column blocks, splits
-    of SPLIT_ROWS rows) write one fp32 row per split, then one program per column block adds
-    those. One stage over P = 4 x SMs rows (528 on an H100) ran N / 128 programs (8 at N =
-    1024), each reading its 528 x 128 fp32 tile alone; two stages run (N / 64) x 9 programs, each
-    on 64 rows. The order is fixed by the shapes: the same bits on every run."""
-    P, N = partial.shape
+    of SPLIT_ROWS rows, matrices) write one fp32 row per split, then one program per column
+    block and matrix adds those. One stage over P = 4 x SMs rows (528 on an H100) ran N / 128
+    programs a matrix (8 at N = 1024), each reading its 528 x 128 fp32 tile alone; two stages
+    run (N / 64) x 9 programs a matrix, each on 64 rows. The order is fixed by the shapes: the
+    same bits on every run."""
+    k, P, N = partial.shape
     splits = cdiv(P, SPLIT_ROWS)
     if splits > 1:
-        stage = _alloc.empty((splits, N), dtype=torch.float32, device=partial.device)
-        grid = (cdiv(N, SPLIT_BLOCK_N), splits)
+        stage = _alloc.empty((k, splits, N), dtype=torch.float32, device=partial.device)
+        grid = (cdiv(N, SPLIT_BLOCK_N), splits, k)
         _column_sum_kernel[grid](
-            partial, stage, P, N, SPLIT_ROWS, BLOCK_P=min(32, SPLIT_ROWS), BLOCK_N=SPLIT_BLOCK_N
-        )
+            partial, stage[0], stage[k - 1], P, N, SPLIT_ROWS,
+            BLOCK_P=min(32, SPLIT_ROWS), BLOCK_N=SPLIT_BLOCK_N,
+        )  # fmt: skip
         partial, P = stage, splits
-    out = _alloc.empty((N,), dtype=dtype, device=partial.device)
+    sums = [_alloc.empty((N,), dtype=dtype, device=partial.device) for dtype in dtypes]
     block_p = min(32, next_power_of_2(P))
     block_n = min(max(128, TILE_ELEMENTS // block_p), next_power_of_2(N))
-    grid = (cdiv(N, block_n), 1)
-    _column_sum_kernel[grid](partial, out, P, N, P, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4)
-    return out
+    grid = (cdiv(N, block_n), 1, k)
+    _column_sum_kernel[grid](
+        partial, sums[0], sums[k - 1], P, N, P, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=4
+    )
+    return sums
+
+
+def _column_sum(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Sum of ``partial`` (P, N) fp32 (contiguous) over its rows, in a fixed order, as a (N,)
+    ``dtype`` (``_column_sums`` of one matrix)."""
+    return _column_sums(partial[None], [dtype])[0]
 
 
 def _forward(x, weight, bias, eps: float, rms: bool, out_dtype=None, xhat_dtype=None):
@@ -505,9 +522,11 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     else:
         programs = min(M, _max_programs(x.device))
     f32 = dict(dtype=torch.float32, device=x.device)
-    # one fp32 partial row per program; an absent parameter's pointer is a dummy never touched
-    dw_partial = _alloc.empty((programs, N), **f32) if has_weight else dx
-    db_partial = _alloc.empty((programs, N), **f32) if has_bias else dx
+    # one fp32 partial row per program and parameter, dweight's then dbias's matrix in one
+    # buffer (summed in one launch); an absent parameter's pointer is a dummy never touched
+    partials = _alloc.empty((has_weight + has_bias, programs, N), **f32)
+    dw_partial = partials[0] if has_weight else dx
+    db_partial = partials[-1] if has_bias else dx
     if N <= MAX_FUSED_N:
         _backward_rows_kernel[(programs,)](
             dy, x, w, m, rstd, dx, dw_partial, db_partial, M, N, tiles,
@@ -525,10 +544,11 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
             dy, x, w, m, rstd, coeffs, dx, dw_partial, db_partial, M, N,
             BLOCK_N=block_n, num_warps=4, **flags, **rounding,
         )  # fmt: skip
-    if has_weight:
-        dweight = _column_sum(dw_partial, weight.dtype)
-    if has_bias:
-        dbias = _column_sum(db_partial, bias.dtype)
+    dtypes = [p.dtype for p in (weight, bias) if p is not None]
+    if dtypes:
+        sums = _column_sums(partials, dtypes)
+        dweight = sums[0] if has_weight else None
+        dbias = sums[-1] if has_bias else None
     return dx, dweight, dbias
 
 

@@ -777,3 +777,81 @@ def test_cuda_column_sum_as_host_code(host_column_sum, rows, cols):
         ctypes.c_int64(rows), ctypes.c_int(cols),
     )  # fmt: skip
     assert_close(out, expected, terms=rows, magnitude=partial.double().abs().sum(0))
+
+
+_MOMENTS_SHIM = """
+#define __host__
+#define __device__
+#define __forceinline__ inline
+"""
+_MOMENTS_API = """
+extern "C" Moments merge(Moments a, Moments b) { return merge_moments(a, b); }
+"""
+
+
+@pytest.fixture(scope="module")
+def merge_moments(tmp_path_factory):
+    """layer_norm.cu's Moments and merge_moments compiled by g++ as host code (ctypes):
+    (Moments class, merge function)."""
+    import ctypes
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    source = (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+    first = source.index("struct Moments {")
+    code = source[first : source.index("};\n", first) + 3]
+    code += _cut(source, "__host__ __device__ __forceinline__ Moments merge_moments(")
+    build = tmp_path_factory.mktemp("moments_host")
+    (build / "moments.cpp").write_text(_MOMENTS_SHIM + code + _MOMENTS_API)
+    library = build / "moments.so"
+    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(build / "moments.cpp")]
+    done = subprocess.run([*command, "-o", str(library)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    class Moments(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_float), ("mean", ctypes.c_float), ("m2", ctypes.c_float)]
+
+    merge = ctypes.CDLL(str(library)).merge
+    merge.restype, merge.argtypes = Moments, [Moments, Moments]
+    return Moments, merge
+
+
+@pytest.mark.parametrize("cols", [1025, 2048, 3000, 8192])
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_cuda_block_moments_match_float64(merge_moments, cols, offset):
+    """The CUDA forward's one-exchange statistics of a block row: each of 256 threads' count,
+    mean and M2 over its values (thread t holds elements t, t + 256, ...; none past the row
+    end), merged by layer_norm.cu's merge_moments in the kernel's order (a butterfly over each
+    warp, the lower lane's set first; then the 8 warps in order), give the row's mean and
+    variance within fp32's bound (also for values far from 0, where a sum of squares minus the
+    squared mean would cancel), and every lane the same bits."""
+    Moments, merge = merge_moments
+    x = random_tensor((cols,), torch.float32, torch.device("cpu")) + offset
+    lanes = []
+    for t in range(256):
+        own = x[t::256]
+        mean = own.sum() / own.numel() if own.numel() else torch.tensor(0.0)
+        m2 = ((own - mean) ** 2).sum() if own.numel() else torch.tensor(0.0)
+        lanes.append(Moments(own.numel(), mean.item(), m2.item()))
+    for step in (16, 8, 4, 2, 1):  # the warp butterfly: lane l pairs with l ^ step
+        lanes = [
+            merge(m, lanes[t ^ step]) if t & step == 0 else merge(lanes[t ^ step], m)
+            for t, m in enumerate(lanes)
+        ]
+    for w in range(8):
+        warp = [(m.n, m.mean, m.m2) for m in lanes[32 * w : 32 * w + 32]]
+        assert len(set(warp)) == 1, f"warp {w}: lanes disagree"
+    total = lanes[0]
+    for w in range(1, 8):
+        total = merge(total, lanes[32 * w])
+    assert total.n == cols
+    x64 = x.double()
+    mean, var = torch.tensor(total.mean), torch.tensor(total.m2 / cols)
+    deviation = (x64 - x64.mean()).abs().sum()
+    assert_close(mean, x64.mean(), terms=cols, magnitude=x64.abs().sum() / cols)
+    # M2 from merged means: its error is that of the deviations it sums (each off by the
+    # mean's error), in units of the squared deviations' sum
+    assert_close(var, x64.var(unbiased=False), terms=cols, magnitude=(deviation**2 / cols) / cols)

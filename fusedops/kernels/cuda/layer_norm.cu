@@ -7,7 +7,11 @@
 //
 // Register path (cols <= min(max_register_cols, kMaxRegisterCols)): a row is held in registers,
 //   kVpt values per thread; a warp per row (8 rows per block) for cols <= 1024, otherwise the
-//   whole 256-thread block per row. Mean and variance in two passes over registers. Values are
+//   whole 256-thread block per row. Mean and variance from the registers: a warp row in two
+//   warp sums (mean, then squared deviations); a block row read 16 bytes at a time (LayerNorm)
+//   in one block-wide exchange of each thread's count, mean and M2 (block_moments; two
+//   exchanges and four barriers before, as the one-element block rows still do), RMSNorm's in
+//   one sum of squares. Values are
 //   read and written kVec at a time: thread t holds elements (k * row threads + t) * kVec + e.
 //   kVec = 1 (one element per access), or with variant.vector_access 16 bytes per access
 //   (kVec = 16 / sizeof(T)) where cols % kVec == 0, the row tensors are 16-byte aligned and y /
@@ -71,6 +75,52 @@ __device__ __forceinline__ float row_sum(float v, float* shared /* kWarpsPerBloc
     for (int w = 0; w < kRowWarps; ++w) total += shared[w];
     return total;
   }
+}
+
+// Count, mean and sum of squared deviations from the mean (M2) of a set of values.
+struct Moments {
+  float n, mean, m2;
+};
+
+// The moments of the union of two disjoint sets (Chan, Golub and LeVeque's pairwise rule).
+// Not symmetric in its bits: callers fix which set is `a`.
+__host__ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
+  const float n = a.n + b.n;
+  if (b.n == 0.0f) return a;
+  if (a.n == 0.0f) return b;
+  const float delta = b.mean - a.mean;
+  const float b_share = b.n / n;
+  return {n, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * a.n * b_share};
+}
+
+// The moments of a row held by the whole block (kRowWarps == kWarpsPerBlock), every thread
+// calling with its own values' moments: one block-wide exchange where a mean and then a sum of
+// squared deviations took two. Butterfly over the warp (the lower lane's set first, so both
+// lanes of a pair compute the same bits), then the warps' moments in warp order from shared
+// memory (3 * kWarpsPerBlock floats): every thread gets the same result.
+__device__ __forceinline__ Moments block_moments(Moments m, float* shared) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    const Moments other{__shfl_xor_sync(0xffffffffu, m.n, offset),
+                        __shfl_xor_sync(0xffffffffu, m.mean, offset),
+                        __shfl_xor_sync(0xffffffffu, m.m2, offset)};
+    m = (threadIdx.x & offset) == 0 ? merge_moments(m, other) : merge_moments(other, m);
+  }
+  const int warp = threadIdx.x / kWarp;
+  __syncthreads();  // earlier readers of `shared` are done
+  if (threadIdx.x % kWarp == 0) {
+    shared[warp] = m.n;
+    shared[kWarpsPerBlock + warp] = m.mean;
+    shared[2 * kWarpsPerBlock + warp] = m.m2;
+  }
+  __syncthreads();
+  Moments total{shared[0], shared[kWarpsPerBlock], shared[2 * kWarpsPerBlock]};
+#pragma unroll
+  for (int w = 1; w < kWarpsPerBlock; ++w) {
+    total = merge_moments(
+        total, {shared[w], shared[kWarpsPerBlock + w], shared[2 * kWarpsPerBlock + w]});
+  }
+  return total;
 }
 
 // xhat rounded to `dtype` and back (kFloat32: unchanged), to nearest even as torch's casts.
@@ -186,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kV
   constexpr int kRowThreads = kRowWarps * kWarp;
   constexpr int kRowsPerBlock = kWarpsPerBlock / kRowWarps;
   constexpr int kVectors = kVpt / kVec;
-  __shared__ float shared[kWarpsPerBlock];
+  __shared__ float shared[3 * kWarpsPerBlock];
   const int slot = threadIdx.x / kRowThreads;
   const int t = threadIdx.x % kRowThreads;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
@@ -195,25 +245,58 @@ __global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kV
     const T* x_row = x + row * cols;
     float v[kVpt];
     float sum = 0.0f;
+    int count = 0;  // this thread's values in the row
 #pragma unroll
     for (int k = 0; k < kVectors; ++k) {
       load_values<kVec>(x_row, (k * kRowThreads + t) * kVec, cols, v + k * kVec);
+      if ((k * kRowThreads + t) * kVec < cols) count += kVec;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) sum += v[k * kVec + e];
     }
-    float mean = 0.0f;
-    if (!rms) mean = row_sum<kRowWarps>(sum, shared) / cols;
-    float squares = 0.0f;
+    float mean = 0.0f, var;
+    if (kRowWarps == kWarpsPerBlock && kVec > 1 && !rms) {
+      // a block row read 16 bytes at a time: its mean and variance in one block-wide exchange
+      // (block_moments) of this thread's count, mean and squared deviations (values past the
+      // row end are 0, not counted). The one-element instantiations keep two exchanges: with
+      // block_moments they needed 16-32 more registers (5 -> 3 CTAs/SM at 16 values of 16-bit
+      // x) or spilled under their __launch_bounds__ minimums (forward_min_blocks).
+      const float own_mean = count > 0 ? sum / count : 0.0f;
+      float own_m2 = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kVectors; ++k) {
+      for (int k = 0; k < kVectors; ++k) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const int i = k * kVec + e;
-        v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
-        squares += v[i] * v[i];
+        for (int e = 0; e < kVec; ++e) {
+          const float d = (k * kRowThreads + t) * kVec + e < cols ? v[k * kVec + e] - own_mean
+                                                                  : 0.0f;
+          own_m2 += d * d;
+        }
       }
+      const Moments row_moments =
+          block_moments({static_cast<float>(count), own_mean, own_m2}, shared);
+      mean = row_moments.mean;
+      var = row_moments.m2 / cols;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const int i = k * kVec + e;
+          v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
+        }
+      }
+    } else {  // a warp row (two warp sums), a one-element block row, or RMSNorm (one sum)
+      if (!rms) mean = row_sum<kRowWarps>(sum, shared) / cols;
+      float squares = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const int i = k * kVec + e;
+          v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
+          squares += v[i] * v[i];
+        }
+      }
+      var = row_sum<kRowWarps>(squares, shared) / cols;
     }
-    const float var = row_sum<kRowWarps>(squares, shared) / cols;
     const float rstd = 1.0f / sqrtf(var + eps);
     if (t == 0) {
       if (!rms) mean_out[row] = mean;

@@ -721,18 +721,36 @@ def _cut(source: str, start: str) -> str:
     return source[first : source.index("\n}\n", first) + 3]
 
 
-@pytest.fixture(scope="module")
-def host_column_sum(tmp_path_factory):
-    """layer_norm.cu's launch_column_sum<float> as a host function (ctypes)."""
-    import ctypes
-    import re
+def _layer_norm_cu() -> str:
+    """The text of fusedops/kernels/cuda/layer_norm.cu (skips the test without g++)."""
     import shutil
-    import subprocess
     from pathlib import Path
 
     if shutil.which("g++") is None:
         pytest.skip("needs g++")
-    source = (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+    return (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+
+
+def _host_library(folder, name: str, code: str):
+    """``code`` compiled by g++ into a shared library in ``folder``, loaded (ctypes)."""
+    import ctypes
+    import subprocess
+
+    (folder / f"{name}.cpp").write_text(code)
+    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(folder / f"{name}.cpp")]
+    done = subprocess.run(
+        [*command, "-o", str(folder / f"{name}.so")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(folder / f"{name}.so"))
+
+
+@pytest.fixture(scope="module")
+def host_column_sum(tmp_path_factory):
+    """layer_norm.cu's launch_column_sum<float> as a host function (ctypes)."""
+    import re
+
+    source = _layer_norm_cu()
     constants = {
         name: int(re.search(rf"constexpr \w+ {name} = (\d+);", source).group(1))
         for name in ("kThreads", "kSplitRows")
@@ -751,13 +769,8 @@ def host_column_sum(tmp_path_factory):
     shim = _COLUMN_SUM_SHIM % dict(
         threads=constants["kThreads"], split_rows=constants["kSplitRows"]
     )
-    build = tmp_path_factory.mktemp("column_sum_host")
-    (build / "column_sum.cpp").write_text(shim + code + _COLUMN_SUM_API)
-    library = build / "column_sum.so"
-    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(build / "column_sum.cpp")]
-    done = subprocess.run([*command, "-o", str(library)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(library)).host_column_sum
+    folder = tmp_path_factory.mktemp("column_sum_host")
+    return _host_library(folder, "column_sum", shim + code + _COLUMN_SUM_API).host_column_sum
 
 
 @pytest.mark.parametrize("rows", [1, 16, 17, 264, 528])
@@ -794,27 +807,18 @@ def merge_moments(tmp_path_factory):
     """layer_norm.cu's Moments and merge_moments compiled by g++ as host code (ctypes):
     (Moments class, merge function)."""
     import ctypes
-    import shutil
-    import subprocess
-    from pathlib import Path
 
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    source = (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+    source = _layer_norm_cu()
     first = source.index("struct Moments {")
     code = source[first : source.index("};\n", first) + 3]
     code += _cut(source, "__host__ __device__ __forceinline__ Moments merge_moments(")
-    build = tmp_path_factory.mktemp("moments_host")
-    (build / "moments.cpp").write_text(_MOMENTS_SHIM + code + _MOMENTS_API)
-    library = build / "moments.so"
-    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(build / "moments.cpp")]
-    done = subprocess.run([*command, "-o", str(library)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    folder = tmp_path_factory.mktemp("moments_host")
+    library = _host_library(folder, "moments", _MOMENTS_SHIM + code + _MOMENTS_API)
 
     class Moments(ctypes.Structure):
         _fields_ = [("n", ctypes.c_float), ("mean", ctypes.c_float), ("m2", ctypes.c_float)]
 
-    merge = ctypes.CDLL(str(library)).merge
+    merge = library.merge
     merge.restype, merge.argtypes = Moments, [Moments, Moments]
     return Moments, merge
 

@@ -105,8 +105,10 @@ def main() -> None:
                 record(name, dtype, n, "bwd", ms, 3)
             cuda_kernels.VECTOR_ACCESS = cuda_defaults
             torch.cuda.empty_cache()
-    print_rows(rows)
-    print(f"appended to {append_rows(rows)}")
+            # each size's rows at once: a run cut by its time limit keeps what it measured
+            print_rows(rows)
+            print(f"appended to {append_rows(rows)}")
+            rows.clear()
 
 
 if __name__ == "__main__":

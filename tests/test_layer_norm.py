@@ -686,8 +686,9 @@ def test_triton_column_sums_of_partial_rows(rows, dtypes):
 
 # layer_norm.cu's dweight/dbias reduction (column_sum_kernel and its two-launch host side,
 # launch_column_sum) compiled by g++ as host code: each launch runs its blocks and threads one
-# after another (a thread of it reads and writes only its own column, so the order changes
-# nothing), checking the kernel's index arithmetic on machines without a GPU.
+# after another, checking the kernel's index arithmetic on machines without a GPU. The blocks
+# run in launch order or in reverse: the first launch adds in place, and a block that read a
+# row another block writes (a race on a GPU) gets a different result in one of the two orders.
 _COLUMN_SUM_SHIM = """
 #include <cstdint>
 #include <functional>
@@ -699,17 +700,22 @@ struct dim3 {
   dim3(unsigned a, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 static dim3 blockIdx(0), threadIdx(0);
+static bool reverse_blocks = false;
 constexpr int kThreads = %(threads)d;
 constexpr int64_t kSplitRows = %(split_rows)d;
 template <typename W> W from_float(float v) { return v; }
 static void host_launch(dim3 grid, int threads, const std::function<void()>& body) {
-  for (blockIdx.y = 0; blockIdx.y < grid.y; ++blockIdx.y)
-    for (blockIdx.x = 0; blockIdx.x < grid.x; ++blockIdx.x)
-      for (threadIdx.x = 0; threadIdx.x < unsigned(threads); ++threadIdx.x) body();
+  for (unsigned b = 0; b < grid.x * grid.y; ++b) {
+    const unsigned block = reverse_blocks ? grid.x * grid.y - 1 - b : b;
+    blockIdx.x = block %% grid.x;
+    blockIdx.y = block / grid.x;
+    for (threadIdx.x = 0; threadIdx.x < unsigned(threads); ++threadIdx.x) body();
+  }
 }
 """
 _COLUMN_SUM_API = """
-extern "C" void host_column_sum(float* partial, float* out, int64_t rows, int cols) {
+extern "C" void host_column_sum(float* partial, float* out, int64_t rows, int cols, int reverse) {
+  reverse_blocks = reverse != 0;
   launch_column_sum<float>(partial, out, rows, cols, nullptr);
 }
 """
@@ -729,6 +735,15 @@ def _layer_norm_cu() -> str:
     if shutil.which("g++") is None:
         pytest.skip("needs g++")
     return (Path(fusedops.__file__).parent / "kernels/cuda/layer_norm.cu").read_text()
+
+
+def _constants(source: str, *names: str) -> dict[str, int]:
+    """The values of integer ``constexpr`` constants of a CUDA source, by name."""
+    import re
+
+    return {
+        name: int(re.search(rf"constexpr \w+ {name} = (\d+);", source).group(1)) for name in names
+    }
 
 
 def _host_library(folder, name: str, code: str):
@@ -751,10 +766,7 @@ def host_column_sum(tmp_path_factory):
     import re
 
     source = _layer_norm_cu()
-    constants = {
-        name: int(re.search(rf"constexpr \w+ {name} = (\d+);", source).group(1))
-        for name in ("kThreads", "kSplitRows")
-    }
+    constants = _constants(source, "kThreads", "kSplitRows")
     code = _cut(source, "template <typename W>\n__global__ void __launch_bounds__(kThreads)\n"
                 "    column_sum_kernel")  # fmt: skip
     code += _cut(source, "template <typename W>\nvoid launch_column_sum(")
@@ -778,84 +790,145 @@ def host_column_sum(tmp_path_factory):
 def test_cuda_column_sum_as_host_code(host_column_sum, rows, cols):
     """The CUDA backward's reduction of (rows, cols) fp32 partial rows (one launch up to
     kSplitRows rows, two past it: 17 is a run of one row, 264 an H100's 2 x 132) against
-    float64."""
+    float64, the same bits with the blocks of each launch run in either order."""
     import ctypes
 
     partial = random_tensor((rows, cols), torch.float32, torch.device("cpu"))
     expected = partial.double().sum(0)
-    out = torch.full((cols,), float("nan"))
-    work = partial.clone()  # the first launch writes into it
-    host_column_sum(
-        ctypes.c_void_p(work.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_int64(rows), ctypes.c_int(cols),
-    )  # fmt: skip
-    assert_close(out, expected, terms=rows, magnitude=partial.double().abs().sum(0))
+    sums = []
+    for reverse in (0, 1):
+        out = torch.full((cols,), float("nan"))
+        work = partial.clone()  # the first launch writes into it
+        host_column_sum(
+            ctypes.c_void_p(work.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+            ctypes.c_int64(rows), ctypes.c_int(cols), ctypes.c_int(reverse),
+        )  # fmt: skip
+        assert_close(out, expected, terms=rows, magnitude=partial.double().abs().sum(0))
+        sums.append(out)
+    assert torch.equal(sums[0], sums[1]), "the result depends on the order of the blocks"
 
 
+# layer_norm.cu's Moments, merge_moments and block_moments compiled by g++ as host code: a block
+# of kThreads host threads calls block_moments, __syncthreads being a barrier of all of them and
+# __shfl_xor_sync an exchange through memory between two barriers (every thread of the block
+# calls block_moments's shuffles, so a block-wide barrier stands in for the warp's).
 _MOMENTS_SHIM = """
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 #define __host__
 #define __device__
 #define __forceinline__ inline
+constexpr int kWarp = %(warp)d;
+constexpr int kThreads = %(threads)d;
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+struct HostIndex {
+  unsigned x;
+};
+static thread_local HostIndex threadIdx;
+static std::mutex barrier_mutex;
+static std::condition_variable barrier_done;
+static int barrier_waiting = 0;
+static unsigned barrier_generation = 0;
+static void __syncthreads() {
+  std::unique_lock<std::mutex> lock(barrier_mutex);
+  const unsigned generation = barrier_generation;
+  if (++barrier_waiting == kThreads) {
+    barrier_waiting = 0;
+    ++barrier_generation;
+    barrier_done.notify_all();
+  } else {
+    barrier_done.wait(lock, [&] { return barrier_generation != generation; });
+  }
+}
+static float exchange[kThreads];
+static float __shfl_xor_sync(unsigned, float v, int offset) {
+  exchange[threadIdx.x] = v;
+  __syncthreads();
+  const float other = exchange[threadIdx.x ^ offset];
+  __syncthreads();
+  return other;
+}
 """
 _MOMENTS_API = """
-extern "C" Moments merge(Moments a, Moments b) { return merge_moments(a, b); }
+extern "C" void host_block_moments(const Moments* in, Moments* out) {
+  static float shared[3 * kWarpsPerBlock];
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < kThreads; ++t) {
+    threads.emplace_back([=] {
+      threadIdx.x = t;
+      out[t] = block_moments(in[t], shared);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
 """
 
 
 @pytest.fixture(scope="module")
-def merge_moments(tmp_path_factory):
-    """layer_norm.cu's Moments and merge_moments compiled by g++ as host code (ctypes):
-    (Moments class, merge function)."""
+def block_moments(tmp_path_factory):
+    """layer_norm.cu's block_moments run by a block of host threads (g++, ctypes): a function
+    of the threads' (kThreads,) Moments (a ctypes array) giving each thread's result."""
     import ctypes
 
     source = _layer_norm_cu()
+    constants = _constants(source, "kWarp", "kThreads")
     first = source.index("struct Moments {")
     code = source[first : source.index("};\n", first) + 3]
     code += _cut(source, "__host__ __device__ __forceinline__ Moments merge_moments(")
+    code += _cut(source, "__device__ __forceinline__ Moments block_moments(")
+    shim = _MOMENTS_SHIM % dict(warp=constants["kWarp"], threads=constants["kThreads"])
     folder = tmp_path_factory.mktemp("moments_host")
-    library = _host_library(folder, "moments", _MOMENTS_SHIM + code + _MOMENTS_API)
+    library = _host_library(folder, "moments", shim + code + _MOMENTS_API)
 
     class Moments(ctypes.Structure):
         _fields_ = [("n", ctypes.c_float), ("mean", ctypes.c_float), ("m2", ctypes.c_float)]
 
-    merge = library.merge
-    merge.restype, merge.argtypes = Moments, [Moments, Moments]
-    return Moments, merge
+    threads = constants["kThreads"]
+
+    def run(moments: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+        assert len(moments) == threads
+        out = (Moments * threads)()
+        library.host_block_moments((Moments * threads)(*moments), out)
+        return [(m.n, m.mean, m.m2) for m in out]
+
+    return run
 
 
-@pytest.mark.parametrize("cols", [1025, 2048, 3000, 8192])
+@pytest.mark.parametrize(
+    ("cols", "vec"),
+    # fp32 (4 a vector) and 16-bit (8) block rows: 2048 / 4 and 8192 / 8 give every thread the
+    # same count; 3000 / 4 and 5000 / 8 two counts; 1032 / 8 and 1536 / 8 leave threads (1032:
+    # 127, and 3 whole warps) without values, whose empty sets the merges must skip
+    [(2048, 4), (3000, 4), (1032, 8), (1536, 8), (5000, 8), (8192, 8)],
+)
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
-def test_cuda_block_moments_match_float64(merge_moments, cols, offset):
-    """The CUDA forward's one-exchange statistics of a block row: each of 256 threads' count,
-    mean and M2 over its values (thread t holds elements t, t + 256, ...; none past the row
-    end), merged by layer_norm.cu's merge_moments in the kernel's order (a butterfly over each
-    warp, the lower lane's set first; then the 8 warps in order), give the row's mean and
-    variance within fp32's bound (also for values far from 0, where a sum of squares minus the
-    squared mean would cancel), and every lane the same bits."""
-    Moments, merge = merge_moments
+def test_cuda_block_moments_match_float64(block_moments, cols, vec, offset):
+    """The CUDA forward's one-exchange statistics of a block row read ``vec`` elements at a
+    time: each of 256 threads' count, mean and M2 over its values (thread t holds vectors t,
+    t + 256, ...; none past the row end), merged by layer_norm.cu's block_moments (a warp
+    butterfly, then the warps in order through shared memory), give every thread the same
+    bits and the row's mean and variance within fp32's bound (also for values far from 0,
+    where a sum of squares minus the squared mean would cancel)."""
     x = random_tensor((cols,), torch.float32, torch.device("cpu")) + offset
+    vectors = x.view(-1, vec)
     lanes = []
     for t in range(256):
-        own = x[t::256]
-        mean = own.sum() / own.numel() if own.numel() else torch.tensor(0.0)
-        m2 = ((own - mean) ** 2).sum() if own.numel() else torch.tensor(0.0)
-        lanes.append(Moments(own.numel(), mean.item(), m2.item()))
-    for step in (16, 8, 4, 2, 1):  # the warp butterfly: lane l pairs with l ^ step
-        lanes = [
-            merge(m, lanes[t ^ step]) if t & step == 0 else merge(lanes[t ^ step], m)
-            for t, m in enumerate(lanes)
-        ]
-    for w in range(8):
-        warp = [(m.n, m.mean, m.m2) for m in lanes[32 * w : 32 * w + 32]]
-        assert len(set(warp)) == 1, f"warp {w}: lanes disagree"
-    total = lanes[0]
-    for w in range(1, 8):
-        total = merge(total, lanes[32 * w])
-    assert total.n == cols
+        own = vectors[t::256].flatten()
+        if own.numel() == 0:
+            lanes.append((0.0, 0.0, 0.0))
+            continue
+        mean = own.sum() / own.numel()
+        lanes.append((own.numel(), mean.item(), ((own - mean) ** 2).sum().item()))
+    results = block_moments(lanes)
+    assert len(set(results)) == 1, "threads disagree"
+    n, mean, m2 = results[0]
+    assert n == cols
     x64 = x.double()
-    mean, var = torch.tensor(total.mean), torch.tensor(total.m2 / cols)
     deviation = (x64 - x64.mean()).abs().sum()
-    assert_close(mean, x64.mean(), terms=cols, magnitude=x64.abs().sum() / cols)
+    assert_close(torch.tensor(mean), x64.mean(), terms=cols, magnitude=x64.abs().sum() / cols)
     # M2 from merged means: its error is that of the deviations it sums (each off by the
     # mean's error), in units of the squared deviations' sum
+    var = torch.tensor(m2 / cols)
     assert_close(var, x64.var(unbiased=False), terms=cols, magnitude=(deviation**2 / cols) / cols)

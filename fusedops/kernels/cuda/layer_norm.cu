@@ -83,7 +83,8 @@ struct Moments {
 };
 
 // The moments of the union of two disjoint sets (Chan, Golub and LeVeque's pairwise rule).
-// Not symmetric in its bits: callers fix which set is `a`.
+// Not symmetric in its bits: callers fix which set is `a`. Empty sets (threads or warps past a
+// short row's end) pass the other through (no 0 / 0).
 __host__ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) {
   const float n = a.n + b.n;
   if (b.n == 0.0f) return a;
@@ -95,8 +96,8 @@ __host__ __device__ __forceinline__ Moments merge_moments(Moments a, Moments b) 
 
 // The moments of a row held by the whole block (kRowWarps == kWarpsPerBlock), every thread
 // calling with its own values' moments: one block-wide exchange where a mean and then a sum of
-// squared deviations took two. Butterfly over the warp (the lower lane's set first, so both
-// lanes of a pair compute the same bits), then the warps' moments in warp order from shared
+// squared deviations took two. Butterfly over the warp (lane 0's result, the only one used,
+// merges the lower lanes' sets first), then the warps' moments in warp order from shared
 // memory (3 * kWarpsPerBlock floats): every thread gets the same result.
 __device__ __forceinline__ Moments block_moments(Moments m, float* shared) {
 #pragma unroll
@@ -104,7 +105,7 @@ __device__ __forceinline__ Moments block_moments(Moments m, float* shared) {
     const Moments other{__shfl_xor_sync(0xffffffffu, m.n, offset),
                         __shfl_xor_sync(0xffffffffu, m.mean, offset),
                         __shfl_xor_sync(0xffffffffu, m.m2, offset)};
-    m = (threadIdx.x & offset) == 0 ? merge_moments(m, other) : merge_moments(other, m);
+    m = merge_moments(m, other);
   }
   const int warp = threadIdx.x / kWarp;
   __syncthreads();  // earlier readers of `shared` are done
@@ -536,19 +537,32 @@ __global__ void __launch_bounds__(kThreads)
   if (db_partial != nullptr) db_partial[group * cols + j] = db_acc;
 }
 
-// out[j] = sum over p = 0 .. partial_rows - 1 of partial[p, j], in order (fp32), stored as W.
-// Thread j of block (c, s) adds column j of rows s * rows_per_block ... (at most rows_per_block,
-// fewer in the last block) of `partial`, row r being row r * row_step of the buffer, in order,
-// and writes the sum to row s * out_row_step of `out`. Two launches (launch_column_sum): the
-// first adds runs of kSplitRows partial rows in place, into each run's first row (the thread
-// that writes an element is the only one that reads it: partial and out may alias, hence no
-// __restrict__), the second adds those first rows into out.
+// The fp32 partial rows of dweight and dbias and their outputs, one matrix or two
+// (column_sum_kernel's blockIdx.z picks one).
+template <typename W>
+struct ColumnSums {
+  float* partial[2];
+  W* out[2];
+};
+
+// Thread j of block (c, s, m) adds column j of rows s * rows_per_block ... (at most
+// rows_per_block, fewer in the last block) of matrix m's partial rows, row r being row
+// r * row_step of the buffer, in order, and writes the sum to row s * out_row_step of matrix
+// m's out. Two launches (launch_column_sums): the first adds runs of kSplitRows partial rows in
+// place, into each run's first row (the thread that writes an element is the only one that
+// reads it: partial and out may alias, hence no __restrict__), the second adds those first rows
+// into out.
 template <typename W>
 __global__ void __launch_bounds__(kThreads)
-    column_sum_kernel(const float* partial, W* out, int64_t rows, int64_t row_step, int cols,
+    column_sum_kernel(ColumnSums<W> sums, int64_t rows, int64_t row_step, int cols,
                       int64_t rows_per_block, int64_t out_row_step) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (j >= cols) return;
+  // a select, not sums.partial[blockIdx.z]: a kernel-parameter array indexed at run time is
+  // copied to local memory
+  const bool second = blockIdx.z != 0;
+  const float* partial = second ? sums.partial[1] : sums.partial[0];
+  W* out = second ? sums.out[1] : sums.out[0];
   const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_block;
   const int64_t end = first + rows_per_block < rows ? first + rows_per_block : rows;
   float total = 0.0f;
@@ -646,26 +660,41 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
   }
 }
 
-// out (cols,) = the sum of partial's rows (partial_rows, cols), fp32, in a fixed order: runs of
-// kSplitRows rows first (column blocks x runs: 4 x 17 blocks at N = 1024 on an H100's 264
-// partial rows, where one pass over all rows ran 4 blocks), then the runs' sums. Overwrites
-// the first row of each run.
+// out_m (cols,) = the sum of partial_m's rows (partial_rows, cols), fp32, in a fixed order, for
+// the matrices given (a null partial_m: none; dweight's and dbias's in the same launches): runs
+// of kSplitRows rows first (column blocks x runs: 4 x 17 blocks a matrix at N = 1024 on an
+// H100's 264 partial rows, where one pass over all rows ran 4 blocks), then the runs' sums.
+// Overwrites the first row of each run.
 template <typename W>
-void launch_column_sum(float* partial, W* out, int64_t partial_rows, int cols,
-                       cudaStream_t stream) {
+void launch_column_sums(float* partial0, W* out0, float* partial1, W* out1,
+                        int64_t partial_rows, int cols, cudaStream_t stream) {
+  float* partials[2] = {nullptr, nullptr};
+  W* outs[2] = {nullptr, nullptr};
+  unsigned int matrices = 0;
+  if (partial0 != nullptr) {
+    partials[matrices] = partial0;
+    outs[matrices++] = out0;
+  }
+  if (partial1 != nullptr) {
+    partials[matrices] = partial1;
+    outs[matrices++] = out1;
+  }
+  if (matrices == 0) return;
+  const ColumnSums<float> runs_sums{{partials[0], partials[1]}, {partials[0], partials[1]}};
+  const ColumnSums<W> sums{{partials[0], partials[1]}, {outs[0], outs[1]}};
   const unsigned int column_blocks =
       static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
   int64_t rows = partial_rows, row_step = 1;
   if (partial_rows > kSplitRows) {
     const int64_t runs = (partial_rows + kSplitRows - 1) / kSplitRows;
-    const dim3 grid(column_blocks, static_cast<unsigned int>(runs));
-    column_sum_kernel<float><<<grid, kThreads, 0, stream>>>(partial, partial, partial_rows, 1,
-                                                           cols, kSplitRows, kSplitRows);
+    const dim3 grid(column_blocks, static_cast<unsigned int>(runs), matrices);
+    column_sum_kernel<float><<<grid, kThreads, 0, stream>>>(runs_sums, partial_rows, 1, cols,
+                                                           kSplitRows, kSplitRows);
     rows = runs;
     row_step = kSplitRows;
   }
-  column_sum_kernel<W><<<column_blocks, kThreads, 0, stream>>>(partial, out, rows, row_step, cols,
-                                                               rows, 0);
+  const dim3 grid(column_blocks, 1, matrices);
+  column_sum_kernel<W><<<grid, kThreads, 0, stream>>>(sums, rows, row_step, cols, rows, 0);
 }
 
 template <typename T, typename W>
@@ -695,12 +724,9 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
     backward_columns_kernel<T, W><<<grid, kThreads, 0, stream>>>(
         dy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms, variant);
   }
-  if (dweight != nullptr) {
-    launch_column_sum(dw_partial, static_cast<W*>(dweight), partial_rows, cols, stream);
-  }
-  if (dbias != nullptr) {
-    launch_column_sum(db_partial, static_cast<W*>(dbias), partial_rows, cols, stream);
-  }
+  launch_column_sums(dweight != nullptr ? dw_partial : nullptr, static_cast<W*>(dweight),
+                     dbias != nullptr ? db_partial : nullptr, static_cast<W*>(dbias),
+                     partial_rows, cols, stream);
 }
 
 // Runs BODY with `param_t` bound to the parameters' C++ type: float, or x's type scalar_t.

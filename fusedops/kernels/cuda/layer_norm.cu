@@ -227,6 +227,24 @@ constexpr int forward_min_blocks() {
   return 0;
 }
 
+// Subtracts `mean` from a forward thread's row values in place (0 past the row's end) and
+// returns the sum of their squares (unused, and so not computed, where the variance came from
+// block_moments).
+template <int kRowThreads, int kVectors, int kVec>
+__device__ __forceinline__ float center_values(float* v, float mean, int t, int cols) {
+  float squares = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVectors; ++k) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const int i = k * kVec + e;
+      v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
+      squares += v[i] * v[i];
+    }
+  }
+  return squares;
+}
+
 template <typename T, typename W, int kRowWarps, int kVpt, int kVec>
 __global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kVpt, kVec>()))
     forward_register_kernel(const T* __restrict__ x, const W* __restrict__ weight,
@@ -276,26 +294,10 @@ __global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kV
           block_moments({static_cast<float>(count), own_mean, own_m2}, shared);
       mean = row_moments.mean;
       var = row_moments.m2 / cols;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          const int i = k * kVec + e;
-          v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
-        }
-      }
+      center_values<kRowThreads, kVectors, kVec>(v, mean, t, cols);
     } else {  // a warp row (two warp sums), a one-element block row, or RMSNorm (one sum)
       if (!rms) mean = row_sum<kRowWarps>(sum, shared) / cols;
-      float squares = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kVectors; ++k) {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          const int i = k * kVec + e;
-          v[i] = (k * kRowThreads + t) * kVec + e < cols ? v[i] - mean : 0.0f;
-          squares += v[i] * v[i];
-        }
-      }
+      const float squares = center_values<kRowThreads, kVectors, kVec>(v, mean, t, cols);
       var = row_sum<kRowWarps>(squares, shared) / cols;
     }
     const float rstd = 1.0f / sqrtf(var + eps);

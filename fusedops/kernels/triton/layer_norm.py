@@ -59,7 +59,7 @@ LOOP_BLOCK_N = 2048
 TILE_ELEMENTS = 4096
 #: Partial rows of the dweight/dbias reduction on a CPU (interpreter) run.
 INTERPRETER_PROGRAMS = 4
-#: ``_column_sum``: partial rows a first-stage program adds (more rows: two stages), and the
+#: ``_column_sums``: partial rows a first-stage program adds (more rows: two stages), and the
 #: first stage's column block (256 bytes of each fp32 row a program).
 SPLIT_ROWS = 64
 SPLIT_BLOCK_N = 64
@@ -524,7 +524,8 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
     f32 = dict(dtype=torch.float32, device=x.device)
     # one fp32 partial row per program and parameter, dweight's then dbias's matrix in one
     # buffer (summed in one launch); an absent parameter's pointer is a dummy never touched
-    partials = _alloc.empty((has_weight + has_bias, programs, N), **f32)
+    matrices = has_weight + has_bias
+    partials = _alloc.empty((matrices, programs, N), **f32) if matrices else None
     dw_partial = partials[0] if has_weight else dx
     db_partial = partials[-1] if has_bias else dx
     if N <= MAX_FUSED_N:
@@ -544,9 +545,8 @@ def _backward(dy, x, weight, bias, mean, rstd, rms: bool, xhat_dtype=None):
             dy, x, w, m, rstd, coeffs, dx, dw_partial, db_partial, M, N,
             BLOCK_N=block_n, num_warps=4, **flags, **rounding,
         )  # fmt: skip
-    dtypes = [p.dtype for p in (weight, bias) if p is not None]
-    if dtypes:
-        sums = _column_sums(partials, dtypes)
+    if matrices:
+        sums = _column_sums(partials, [p.dtype for p in (weight, bias) if p is not None])
         dweight = sums[0] if has_weight else None
         dbias = sums[-1] if has_bias else None
     return dx, dweight, dbias

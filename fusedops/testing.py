@@ -226,6 +226,21 @@ def cuda_include_dir() -> str | None:
     return None
 
 
+def host_library(folder: Path, name: str, code: str, include_dirs=()):
+    """C++ ``code`` (CUDA kernels cut from a .cu file with a host shim) compiled by g++ into the
+    shared library ``folder/name.so`` and loaded (ctypes): the kernels' arithmetic checked on
+    machines without a GPU. Fails the test with g++'s errors if it does not compile."""
+    import ctypes
+
+    source = folder / f"{name}.cpp"
+    source.write_text(code)
+    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", "-w"]
+    command += [f"-I{d}" for d in include_dirs] + [str(source), "-o", str(folder / f"{name}.so")]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(folder / f"{name}.so"))
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     """Write ``files`` (relative path -> text) under ``root`` (stand-in packages for hook
     tests); returns ``root``."""

@@ -17,7 +17,6 @@ import ctypes
 import importlib
 import math
 import shutil
-import subprocess
 import warnings
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from fusedops.testing import (
     assert_close,
     backends_under_test,
     cuda_include_dir,
+    host_library,
     poisoned_outputs,
     random_tensor,
 )
@@ -515,13 +515,7 @@ def host_cuda_library(tmp_path_factory):
     kernels = (folder / "deform_conv2d.cu").read_text().split(_LAUNCHERS_MARK)[0]
     assert "columns_kernel" in kernels and "<<<" not in kernels
     build = tmp_path_factory.mktemp("dcn_host")
-    (build / "dcn_host.cpp").write_text(_HOST_SHIM + kernels + _HOST_API)
-    library = build / "dcn_host.so"
-    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", "-w", f"-I{include}"]
-    command += [f"-I{folder}", str(build / "dcn_host.cpp"), "-o", str(library)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(library))
+    return host_library(build, "dcn_host", _HOST_SHIM + kernels + _HOST_API, (include, folder))
 
 
 def _host_kernels(library, wide):

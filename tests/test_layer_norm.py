@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fusedops
-from fusedops.testing import assert_close, non_contiguous, random_tensor
+from fusedops.testing import assert_close, host_library, non_contiguous, random_tensor
 from tests.op_testing import BACKENDS, DEVICE, DTYPES, KERNEL_BACKENDS
 
 OPS = ["layer_norm", "rms_norm"]
@@ -750,20 +750,6 @@ def _constants(source: str, *names: str) -> dict[str, int]:
     }
 
 
-def _host_library(folder, name: str, code: str):
-    """``code`` compiled by g++ into a shared library in ``folder``, loaded (ctypes)."""
-    import ctypes
-    import subprocess
-
-    (folder / f"{name}.cpp").write_text(code)
-    command = ["g++", "-shared", "-fPIC", "-O1", "-std=c++17", str(folder / f"{name}.cpp")]
-    done = subprocess.run(
-        [*command, "-o", str(folder / f"{name}.so")], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(folder / f"{name}.so"))
-
-
 @pytest.fixture(scope="module")
 def host_column_sums(tmp_path_factory):
     """layer_norm.cu's launch_column_sums<float> as a host function (ctypes)."""
@@ -788,7 +774,7 @@ def host_column_sums(tmp_path_factory):
         threads=constants["kThreads"], split_rows=constants["kSplitRows"]
     )
     folder = tmp_path_factory.mktemp("column_sum_host")
-    return _host_library(folder, "column_sum", shim + code + _COLUMN_SUM_API).host_column_sums
+    return host_library(folder, "column_sum", shim + code + _COLUMN_SUM_API).host_column_sums
 
 
 @pytest.mark.parametrize("rows", [1, 16, 17, 264, 528])
@@ -899,7 +885,7 @@ def block_moments(tmp_path_factory):
     code += _cut(source, "__device__ __forceinline__ Moments block_moments(")
     shim = _MOMENTS_SHIM % dict(warp=constants["kWarp"], threads=constants["kThreads"])
     folder = tmp_path_factory.mktemp("moments_host")
-    library = _host_library(folder, "moments", shim + code + _MOMENTS_API)
+    library = host_library(folder, "moments", shim + code + _MOMENTS_API)
 
     class Moments(ctypes.Structure):
         _fields_ = [("n", ctypes.c_float), ("mean", ctypes.c_float), ("m2", ctypes.c_float)]

@@ -9,16 +9,33 @@ tests/test_window_attention_static.py checks every launch against it (each withi
 ``SHARED_LIMIT``) and recompiles a sample. Compiling them all takes minutes (fp32 products
 unroll into long FMA code): run it after changing the kernels or their block choices,
 ``python benchmarks/triton_static.py --write``.
+
+``--sweep`` compiles every candidate launch of the blocked kernels (windows longer than the
+short kernels take, or d = 128) at 144-token windows: query and key blocks of 32 or 64, 4 or 8
+warps, 1 to 3 stages, per kernel, products (bf16 for 16-bit, fp32 with TF32, fp32 with
+3-pass TF32) and d. They are compiled as a launch on aligned tensors is: pointers, strides and
+N (144) marked divisible by 16, as Triton's launcher specializes them (without those marks the
+same kernels take up to twice the registers). Writes
+``results/triton_sweep_window_attention_sm90.csv`` and prints the pick per (kernel, products,
+d) by ``pick``'s rule, which ``LONG_LAUNCHES`` in the kernel module must equal
+(tests/test_window_attention_static.py). ``--kernels`` keeps some kernels (the CSV then holds
+only theirs): two processes split the 15 minutes it takes on 2 cores. The table above
+(``--write``) marks nothing divisible, so its registers and spills are an upper bound; its
+shared memory is what the test holds to the limit.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import itertools
 import json
+import re
 import sys
 from pathlib import Path
 
 import torch
+import triton
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,11 +57,123 @@ def launches() -> list[tuple]:
     return kernels.static_launches(range(1, MAX_TOKENS + 1), HEAD_DIMS, DTYPES)
 
 
+SWEEP = ROOT / "benchmarks" / "results" / "triton_sweep_window_attention_sm90.csv"
+SWEEP_FIELDS = ("kernel", "products", "d", "block_m", "block_n", "warps", "stages", "registers")
+SWEEP_FIELDS += ("spill_bytes", "shared")
+#: Products swept, with the pointer type and PRECISION they compile with.
+SWEEP_PRODUCTS = {
+    "16-bit": ("*bf16", "tf32"),
+    "tf32": ("*fp32", "tf32"),
+    "tf32x3": ("*fp32", "tf32x3"),
+}
+#: Window length of the sweep's launches (12 x 12 windows: several blocks, every flag off; a
+#: multiple of 16, so N is marked divisible as Triton's launcher marks it).
+SWEEP_TOKENS = 144
+#: An sm_90 SM: 65,536 registers, 233,472 B of shared memory (a block's 227 KiB plus the 1 KiB
+#: each block reserves), 64 warps.
+SM_REGISTERS, SM_SHARED, SM_WARPS, BLOCK_RESERVED = 65_536, 233_472, 64, 1024
+
+
+def resident_warps(row: dict) -> int:
+    """Warps of ``row``'s launch resident on one sm_90 SM (registers, shared memory, warps)."""
+    warps = int(row["warps"])
+    ctas = min(
+        SM_REGISTERS // (int(row["registers"]) * 32 * warps),
+        SM_SHARED // (int(row["shared"]) + BLOCK_RESERVED),
+        SM_WARPS // warps,
+    )
+    return ctas * warps
+
+
+def pick(rows: list[dict]) -> dict:
+    """The candidate launch (sweep rows of one kernel, products and d) to use: among the
+    spill-free ones within SHARED_LIMIT, the most warps resident per SM (counted up to 16), then
+    the larger tile, then the deeper pipeline, then fewer registers; with none spill-free, the
+    least spilling one within the limit (then the most resident warps)."""
+    fits = [r for r in rows if int(r["shared"]) <= SHARED_LIMIT]
+    free = [r for r in fits if int(r["spill_bytes"]) == 0]
+    if not free:
+        return min(fits, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
+    return max(
+        free,
+        key=lambda r: (
+            min(resident_warps(r), 16),
+            int(r["block_m"]) * int(r["block_n"]),
+            int(r["stages"]),
+            -int(r["registers"]),
+        ),
+    )
+
+
+def sweep_picks(rows: list[dict]) -> dict:
+    """(kernel, products, d) -> (block_m, block_n, warps, stages, spill bytes) picked."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
+    picks = {}
+    for key, group in groups.items():
+        best = pick(group)
+        picks[key] = tuple(int(best[f]) for f in ("block_m", "block_n", "warps", "stages"))
+        picks[key] += (int(best["spill_bytes"]),)
+    return picks
+
+
+SWEPT = ("_forward_kernel", "_backward_kernel", "_backward_dq_kernel")
+
+
+def sweep(arch: int, names: tuple[str, ...] = SWEPT) -> list[dict]:
+    """Compile every candidate launch of the blocked kernels ``names`` (see the module
+    docstring); one CSV row each."""
+    rows = []
+    candidates = itertools.product(
+        names, SWEEP_PRODUCTS, HEAD_DIMS, (32, 64), (32, 64), (4, 8), (1, 2, 3)
+    )
+    for name, products, d, block_m, block_n, warps, stages in candidates:
+        if name == "_forward_kernel" and block_m != block_n:
+            continue
+        pointer, precision = SWEEP_PRODUCTS[products]
+        constexprs = dict(HAS_BIAS=True, HAS_MASK=True, BLOCK_M=block_m, BLOCK_N=block_n, D=d)
+        constexprs.update(PRECISION=precision, UPCAST=False)
+        if name == "_backward_kernel":
+            constexprs.update(BIAS_GRAD=True, ONE_KEY_BLOCK=False, ONE_QUERY_BLOCK=False)
+        kernel = getattr(kernels, name)
+        signature = _static.signature_of(kernel, constexprs, pointer, SCALARS)
+        divisible = {
+            (i,): [["tt.divisibility", 16]]
+            for i, arg in enumerate(kernel.arg_names)
+            if signature[arg].startswith("*")
+            or re.fullmatch(r"s[a-z]{2}", arg)
+            or (arg == "N" and SWEEP_TOKENS % 16 == 0)
+        }
+        source = triton.compiler.ASTSource(kernel, signature, constexprs, divisible)
+        options = {"num_warps": warps, "num_stages": stages}
+        compiled, log = _static.compile_logged(source, arch, options)
+        found = _static.parse_ptxas(log)[compiled.metadata.name]
+        row = dict(kernel=name, products=products, d=d, block_m=block_m, block_n=block_n)
+        row.update(warps=warps, stages=stages, registers=found["registers"])
+        row.update(spill_bytes=found["spill_stores"], shared=int(compiled.metadata.shared))
+        print(",".join(str(row[f]) for f in SWEEP_FIELDS), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE.name}")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability")
+    parser.add_argument("--sweep", action="store_true", help=f"write {SWEEP.name}, print picks")
+    parser.add_argument("--kernels", default=",".join(SWEPT), help="--sweep: these kernels only")
+    parser.add_argument("--csv", type=Path, default=SWEEP, help="--sweep: write here")
     args = parser.parse_args()
+    if args.sweep:
+        rows = sweep(args.arch, tuple(args.kernels.split(",")))
+        with args.csv.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=SWEEP_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        for key, chosen in sorted(sweep_picks(rows).items()):
+            print(f"{key}: {chosen[:4]}" + (f"  spills {chosen[4]} B" if chosen[4] else ""))
+        return
     todo = launches()
     print(f"{len(todo)} launches, Triton {_static.triton.__version__}, sm_{args.arch}", flush=True)
 

@@ -7,6 +7,7 @@ source, and a sample is compiled again and must match it."""
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from pathlib import Path
@@ -57,12 +58,57 @@ def test_every_launch_is_in_the_table_within_the_limit(table):
     assert not over, over
 
 
-def test_the_largest_uncapped_launch_would_not_fit(table):
-    """The caps are needed: the fp32 forward at d = 128 with 64-wide blocks and Triton's default
-    3 stages asks for more than an H100 block has (246,016 B with Triton 3.9)."""
-    assert kernels.SHARED_MEMORY_CAPS, "no cap left: the fp32 d = 128 forward does not fit"
+@pytest.fixture(scope="module")
+def sweep() -> list[dict]:
+    with triton_static.SWEEP.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_long_launches_are_the_sweeps_picks(sweep):
+    """LONG_LAUNCHES is what ``triton_static.pick`` chooses from the committed sweep (every
+    candidate of every blocked kernel, products and d, compiled for sm_90 as aligned tensors
+    launch them) and SPILLING lists the picks that still spill; Triton's default blocks for
+    the fp32 d = 128 forward (64 x 64, 3 stages) would not fit a block's shared memory."""
+    # (products x d) x (forward: square tiles, backward and dq: any) x warps x stages
+    assert len(sweep) == 3 * 4 * (2 + 4 + 4) * 2 * 3
+    picks = triton_static.sweep_picks(sweep)
+    assert {key: chosen[:4] for key, chosen in picks.items()} == kernels.LONG_LAUNCHES
+    assert {key for key, chosen in picks.items() if chosen[4]} == kernels.SPILLING
+    default = [
+        r
+        for r in sweep
+        if (r["kernel"], r["products"], r["d"], r["block_m"], r["stages"])
+        == ("_forward_kernel", "tf32x3", "128", "64", "3")
+    ]
+    assert default and all(int(r["shared"]) > triton_static.SHARED_LIMIT for r in default)
     options = kernels.launch_options(256, 128, torch.float32)["_forward_kernel"]
-    assert (options["BLOCK_M"], options["num_stages"]) != (kernels.MAX_BLOCK, kernels.NUM_STAGES)
+    assert (options["BLOCK_M"], options["num_stages"]) != (64, 3)
+
+
+def _row(block_m=32, block_n=32, warps=4, stages=3, registers=128, spill_bytes=0, shared=0):
+    return dict(
+        kernel="k", products="tf32", d="64", block_m=str(block_m), block_n=str(block_n),
+        warps=str(warps), stages=str(stages), registers=str(registers),
+        spill_bytes=str(spill_bytes), shared=str(shared),
+    )  # fmt: skip
+
+
+def test_pick_prefers_spill_free_then_resident_warps_then_tiles():
+    """The rule behind LONG_LAUNCHES, on made-up candidates."""
+    small = _row(registers=128)  # 4 warps x 4 CTAs = 16 warps a SM
+    big = _row(64, 64, warps=8, registers=255)  # 1 CTA: 8 warps
+    assert triton_static.resident_warps(small) == 16 and triton_static.resident_warps(big) == 8
+    assert triton_static.pick([big, small]) is small
+    spilling = _row(registers=64, spill_bytes=8)  # more warps resident, but spills
+    assert triton_static.pick([spilling, big]) is big
+    wide = _row(64, 32, warps=8, registers=64)  # 16 warps too (capped), larger tile
+    assert triton_static.pick([small, wide]) is wide
+    deeper = _row(stages=3, registers=100)
+    assert triton_static.pick([_row(stages=1, registers=100), deeper]) is deeper
+    over = _row(registers=32, shared=triton_static.SHARED_LIMIT + 1)
+    assert triton_static.pick([over, big]) is big
+    least = _row(spill_bytes=4, registers=255)
+    assert triton_static.pick([_row(spill_bytes=40), least, over]) is least
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ by CUDA, carry the query / key blocks (at most 16) and the window groups (at mos
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -66,23 +67,59 @@ MAX_BLOCK = 64
 #: backward. Longer windows (12 x 12: 144) and d = 128 keep the blocked kernels.
 SHORT_BLOCK = 64
 SHORT_MAX_D = 64
-#: The backward's key block for d = 128 (k, v, dk, dv tiles held per program).
-BACKWARD_BLOCK_D128 = 32
-#: Triton's software pipelining depth (its default, 3: loads of the next blocks in flight).
-NUM_STAGES = 3
-#: Launches whose shared memory at the defaults passes an H100 block's 227 KiB (Triton 3.9 for
-#: sm_90: 246,016 B for the fp32 forward at d = 128 and 64-wide blocks), keyed by (kernel, input
-#: bytes per element, d), take these (largest block, pipelining depth) instead. Checked for
-#: every launch the dispatch can make by tests/test_window_attention_static.py, which compiles
-#: them for sm_90 on a CPU-only machine (kernels/triton/_static.py).
-SHARED_MEMORY_CAPS = {
-    # 102,528 B with 32-wide blocks; the backward (64 x 32 blocks) takes 189,440 B as it is
-    ("_forward_kernel", 4, 128): (32, NUM_STAGES),
-    # fp32 with tf32x3 products (TF32 off, torch's default): 229,376 B at d = 64 and 262,144 B at
-    # d = 128 with 3 stages; 163,840 B and 212,992 B with 2
-    ("_backward_dq_kernel", 4, 64): (MAX_BLOCK, 2),
-    ("_backward_dq_kernel", 4, 128): (MAX_BLOCK, 2),
+#: The blocked kernels' launches (windows longer than SHORT_BLOCK, or d > SHORT_MAX_D), keyed by
+#: (kernel, products, d) with products "16-bit" (fp16/bf16 inputs), "tf32" (fp32, TF32 allowed)
+#: or "tf32x3" (fp32, TF32 off): (largest query block, largest key block, warps, pipelining
+#: depth). Chosen from an sm_90 compile of every (32 or 64, 32 or 64, 4 or 8 warps, 1-3 stages)
+#: at 144-token windows, aligned as Triton's launcher specializes aligned tensors
+#: (``python benchmarks/triton_static.py --sweep``, Triton 3.9): among the spill-free ones
+#: within an H100 block's shared memory, the most warps resident per SM (up to 16), then the
+#: larger tiles, then the deeper pipeline (``triton_static.pick``). The blocks used before (64 x
+#: 64, 4 warps, 3 stages) spilled 24-4,196 B a thread in 14 of these 36 launches, every
+#: backward but the 16-bit d = 16 one among them; now only ``SPILLING`` does, the least
+#: spilling candidate. tests/test_window_attention_static.py checks this table against the
+#: committed sweep and every launch the dispatch can make against an H100's shared memory.
+LONG_LAUNCHES = {
+    ("_forward_kernel", "16-bit", 16): (64, 64, 8, 3),
+    ("_forward_kernel", "16-bit", 32): (64, 64, 8, 3),
+    ("_forward_kernel", "16-bit", 64): (64, 64, 8, 3),
+    ("_forward_kernel", "16-bit", 128): (32, 32, 8, 3),
+    ("_forward_kernel", "tf32", 16): (64, 64, 8, 1),
+    ("_forward_kernel", "tf32", 32): (64, 64, 8, 1),
+    ("_forward_kernel", "tf32", 64): (32, 32, 8, 3),
+    ("_forward_kernel", "tf32", 128): (32, 32, 8, 3),
+    ("_forward_kernel", "tf32x3", 16): (32, 32, 4, 3),
+    ("_forward_kernel", "tf32x3", 32): (64, 64, 8, 3),
+    ("_forward_kernel", "tf32x3", 64): (32, 32, 4, 3),
+    ("_forward_kernel", "tf32x3", 128): (32, 32, 8, 3),
+    ("_backward_kernel", "16-bit", 16): (32, 64, 8, 3),
+    ("_backward_kernel", "16-bit", 32): (32, 64, 8, 3),
+    ("_backward_kernel", "16-bit", 64): (32, 32, 8, 2),
+    ("_backward_kernel", "16-bit", 128): (32, 64, 8, 3),
+    ("_backward_kernel", "tf32", 16): (32, 64, 8, 1),
+    ("_backward_kernel", "tf32", 32): (32, 64, 8, 1),
+    ("_backward_kernel", "tf32", 64): (32, 64, 8, 3),
+    ("_backward_kernel", "tf32", 128): (32, 64, 8, 1),
+    ("_backward_kernel", "tf32x3", 16): (32, 64, 8, 3),
+    ("_backward_kernel", "tf32x3", 32): (32, 64, 8, 2),
+    ("_backward_kernel", "tf32x3", 64): (32, 32, 8, 1),
+    ("_backward_kernel", "tf32x3", 128): (32, 32, 8, 1),
+    ("_backward_dq_kernel", "16-bit", 16): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 32): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 64): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 128): (64, 32, 4, 2),
+    ("_backward_dq_kernel", "tf32", 16): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "tf32", 32): (64, 64, 8, 2),
+    ("_backward_dq_kernel", "tf32", 64): (64, 32, 4, 1),
+    ("_backward_dq_kernel", "tf32", 128): (32, 64, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 16): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 32): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 64): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 128): (32, 64, 8, 1),
 }
+#: The (kernel, products, d) of LONG_LAUNCHES with no spill-free candidate in the sweep: fp32
+#: with 3-pass TF32 at d = 128, 344 B (backward, was 4,196) and 144 B (dq, was 1,020) a thread.
+SPILLING = {("_backward_kernel", "tf32x3", 128), ("_backward_dq_kernel", "tf32x3", 128)}
 #: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
 PROGRAMS_PER_SM = 8
 #: Window groups G of a CPU (interpreter) run: small, but more than one.
@@ -766,9 +803,21 @@ def short_window(n: int, d: int) -> bool:
     return n <= SHORT_BLOCK and d <= SHORT_MAX_D
 
 
-def _caps(kernel: str, d: int, dtype: torch.dtype, block: int) -> tuple[int, int]:
-    """(largest block, pipelining depth) of ``kernel``'s launches at head dim d."""
-    return SHARED_MEMORY_CAPS.get((kernel, dtype.itemsize, d), (block, NUM_STAGES))
+def _products(dtype: torch.dtype, tf32: bool) -> str:
+    """LONG_LAUNCHES' key for the products of inputs of ``dtype``: "16-bit", "tf32" or "tf32x3"."""
+    if dtype != torch.float32:
+        return "16-bit"
+    return "tf32" if tf32 else "tf32x3"
+
+
+def _long_launch(kernel: str, n: int, d: int, dtype: torch.dtype, tf32: bool) -> dict:
+    """BLOCK_M, BLOCK_N, num_warps and num_stages of a blocked kernel (LONG_LAUNCHES) for
+    windows of n tokens: blocks shrink to cover short windows (at least 16), and the warps in
+    proportion (at least 2)."""
+    largest_m, largest_n, warps, stages = LONG_LAUNCHES[(kernel, _products(dtype, tf32), d)]
+    block_m, block_n = _block(n, largest_m), _block(n, largest_n)
+    warps = max(2, warps * block_m * block_n // (largest_m * largest_n))
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
 def launch_options(
@@ -794,31 +843,14 @@ def launch_options(
             "_short_forward_kernel": short,
             "_short_backward_kernel": dict(short, CALL_PASS=call),
         }
-    block, stages = _caps("_forward_kernel", d, dtype, MAX_BLOCK)
-    block = _block(n, block)
-    options = {
-        "_forward_kernel": dict(
-            BLOCK_M=block, BLOCK_N=block, D=d, num_warps=_warps(block), num_stages=stages, **dot
-        )
-    }
-    key_cap, stages = _caps(
-        "_backward_kernel", d, dtype, BACKWARD_BLOCK_D128 if d == 128 else MAX_BLOCK
-    )
-    block_m, block_n = _block(n), _block(n, key_cap)
-    backward = dict(
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        D=d,
-        num_warps=_warps(max(block_m, block_n)),
-        num_stages=stages,
-        **dot,
-    )
-    one_key_block = triton.cdiv(n, block_n) == 1
-    flags = dict(ONE_KEY_BLOCK=one_key_block, ONE_QUERY_BLOCK=block_m >= n)
+    launch = functools.partial(_long_launch, n=n, d=d, dtype=dtype, tf32=tf32)
+    options = {"_forward_kernel": dict(launch("_forward_kernel"), D=d, **dot)}
+    backward = dict(launch("_backward_kernel"), D=d, **dot)
+    one_key_block = triton.cdiv(n, backward["BLOCK_N"]) == 1
+    flags = dict(ONE_KEY_BLOCK=one_key_block, ONE_QUERY_BLOCK=backward["BLOCK_M"] >= n)
     options["_backward_kernel"] = {**backward, **flags}
-    if not one_key_block:
-        _, stages = _caps("_backward_dq_kernel", d, dtype, MAX_BLOCK)
-        options["_backward_dq_kernel"] = {**backward, "num_stages": stages}
+    if not one_key_block:  # the rows' delta (and dq) from a pass over every key block first
+        options["_backward_dq_kernel"] = dict(launch("_backward_dq_kernel"), D=d, **dot)
     return options
 
 

@@ -19,7 +19,8 @@ same kernels take up to twice the registers). Writes
 ``results/triton_sweep_window_attention_sm90.csv`` and prints the pick per (kernel, products,
 d) by ``pick``'s rule, which ``LONG_LAUNCHES`` in the kernel module must equal
 (tests/test_window_attention_static.py). ``--kernels`` keeps some kernels (the CSV then holds
-only theirs): two processes split the 15 minutes it takes on 2 cores. The table above
+only theirs), ``--products`` some products: two processes split the 15 minutes it takes on 2
+cores. The table above
 (``--write``) marks nothing divisible, so its registers and spills are an upper bound; its
 shared memory is what the test holds to the limit.
 """
@@ -88,8 +89,9 @@ def resident_warps(row: dict) -> int:
 def pick(rows: list[dict]) -> dict:
     """The candidate launch (sweep rows of one kernel, products and d) to use: among the
     spill-free ones within SHARED_LIMIT, the most warps resident per SM (counted up to 16), then
-    the larger tile, then the deeper pipeline, then fewer registers; with none spill-free, the
-    least spilling one within the limit (then the most resident warps)."""
+    the larger tile, then the deeper pipeline, then fewer warps a CTA (the same warps resident
+    in more, smaller CTAs: less of a tile replicated across warps), then fewer registers; with
+    none spill-free, the least spilling one within the limit (then the most resident warps)."""
     fits = [r for r in rows if int(r["shared"]) <= SHARED_LIMIT]
     free = [r for r in fits if int(r["spill_bytes"]) == 0]
     if not free:
@@ -100,6 +102,7 @@ def pick(rows: list[dict]) -> dict:
             min(resident_warps(r), 16),
             int(r["block_m"]) * int(r["block_n"]),
             int(r["stages"]),
+            -int(r["warps"]),
             -int(r["registers"]),
         ),
     )
@@ -121,12 +124,41 @@ def sweep_picks(rows: list[dict]) -> dict:
 SWEPT = ("_forward_kernel", "_backward_kernel", "_backward_dq_kernel")
 
 
-def sweep(arch: int, names: tuple[str, ...] = SWEPT) -> list[dict]:
-    """Compile every candidate launch of the blocked kernels ``names`` (see the module
-    docstring); one CSV row each."""
+#: Buffers the launchers always pass as fp32, whatever the inputs' dtype: the row logsumexp and
+#: delta, the d_bias partials, the short backward's padded bias + mask table.
+FP32_BUFFERS = ("lse_ptr", "delta_ptr", "dbias_ptr", "table_ptr")
+
+
+def _compile_aligned(kernel, pointer: str, constexprs: dict, n_divisible: bool, options: dict):
+    """Compile ``kernel`` for sm_``options["arch"]`` as a launch on aligned tensors is: input
+    pointers of type ``pointer``, FP32_BUFFERS fp32, every pointer and the strides (``s`` +
+    two letters) marked divisible by 16, N too where ``n_divisible``; (registers, spill
+    bytes, shared bytes)."""
+    signature = _static.signature_of(kernel, constexprs, pointer, SCALARS)
+    signature.update({arg: "*fp32" for arg in FP32_BUFFERS if arg in signature})
+    divisible = {
+        (i,): [["tt.divisibility", 16]]
+        for i, arg in enumerate(kernel.arg_names)
+        if signature[arg].startswith("*")
+        or re.fullmatch(r"s[a-z]{2}", arg)
+        or (arg == "N" and n_divisible)
+    }
+    source = triton.compiler.ASTSource(kernel, signature, constexprs, divisible)
+    arch = options["arch"]
+    launch = {"num_warps": options["num_warps"], "num_stages": options["num_stages"]}
+    compiled, log = _static.compile_logged(source, arch, launch)
+    found = _static.parse_ptxas(log)[compiled.metadata.name]
+    return found["registers"], found["spill_stores"], int(compiled.metadata.shared)
+
+
+def sweep(
+    arch: int, names: tuple[str, ...] = SWEPT, products: tuple[str, ...] = tuple(SWEEP_PRODUCTS)
+) -> list[dict]:
+    """Compile every candidate launch of the blocked kernels ``names`` with ``products`` (keys
+    of SWEEP_PRODUCTS; see the module docstring); one CSV row each."""
     rows = []
     candidates = itertools.product(
-        names, SWEEP_PRODUCTS, HEAD_DIMS, (32, 64), (32, 64), (4, 8), (1, 2, 3)
+        names, products, HEAD_DIMS, (32, 64), (32, 64), (4, 8), (1, 2, 3)
     )
     for name, products, d, block_m, block_n, warps, stages in candidates:
         if name == "_forward_kernel" and block_m != block_n:
@@ -136,25 +168,99 @@ def sweep(arch: int, names: tuple[str, ...] = SWEPT) -> list[dict]:
         constexprs.update(PRECISION=precision, UPCAST=False)
         if name == "_backward_kernel":
             constexprs.update(BIAS_GRAD=True, ONE_KEY_BLOCK=False, ONE_QUERY_BLOCK=False)
-        kernel = getattr(kernels, name)
-        signature = _static.signature_of(kernel, constexprs, pointer, SCALARS)
-        divisible = {
-            (i,): [["tt.divisibility", 16]]
-            for i, arg in enumerate(kernel.arg_names)
-            if signature[arg].startswith("*")
-            or re.fullmatch(r"s[a-z]{2}", arg)
-            or (arg == "N" and SWEEP_TOKENS % 16 == 0)
-        }
-        source = triton.compiler.ASTSource(kernel, signature, constexprs, divisible)
-        options = {"num_warps": warps, "num_stages": stages}
-        compiled, log = _static.compile_logged(source, arch, options)
-        found = _static.parse_ptxas(log)[compiled.metadata.name]
+        options = dict(arch=arch, num_warps=warps, num_stages=stages)
+        found = _compile_aligned(
+            getattr(kernels, name), pointer, constexprs, SWEEP_TOKENS % 16 == 0, options
+        )
         row = dict(kernel=name, products=products, d=d, block_m=block_m, block_n=block_n)
-        row.update(warps=warps, stages=stages, registers=found["registers"])
-        row.update(spill_bytes=found["spill_stores"], shared=int(compiled.metadata.shared))
+        row.update(warps=warps, stages=stages)
+        row.update(zip(("registers", "spill_bytes", "shared"), found))
         print(",".join(str(row[f]) for f in SWEEP_FIELDS), flush=True)
         rows.append(row)
     return rows
+
+
+SHORT_SWEEP = ROOT / "benchmarks" / "results" / "triton_sweep_short_window_attention_sm90.csv"
+SHORT_FIELDS = ("kernel", "products", "d", "block", "warps", "call_pass", "n_divisible")
+SHORT_FIELDS += ("registers", "spill_bytes", "shared")
+#: Short-window head dims (kernels.SHORT_MAX_D and below).
+SHORT_HEAD_DIMS = (16, 32, 64)
+
+
+def sweep_short(arch: int) -> list[dict]:
+    """Compile every candidate launch of the short-window kernels: per products, d <= 64 and
+    block (16, 32, 64: windows of up to 16, 32, 64 tokens), 2, 4 or 8 warps, the backward's
+    per-window pass inlined or a call (CALL_PASS), N marked divisible by 16 or not (Swin's 49
+    is not, 64 is); one stage (the kernels' loops are not pipelined). One CSV row each."""
+    rows = []
+    names = ("_short_forward_kernel", "_short_backward_kernel")
+    candidates = itertools.product(
+        names,
+        SWEEP_PRODUCTS,
+        SHORT_HEAD_DIMS,
+        (16, 32, 64),
+        (2, 4, 8),
+        (False, True),
+        (False, True),
+    )
+    for name, products, d, block, warps, call_pass, n_divisible in candidates:
+        if name == "_short_forward_kernel" and call_pass:
+            continue
+        pointer, precision = SWEEP_PRODUCTS[products]
+        constexprs = dict(BLOCK=block, D=d, PRECISION=precision, UPCAST=False)
+        if name == "_short_forward_kernel":
+            constexprs.update(HAS_BIAS=True, HAS_MASK=True)
+        else:
+            constexprs.update(BIAS_GRAD=True, CALL_PASS=call_pass)
+        options = dict(arch=arch, num_warps=warps, num_stages=1)
+        found = _compile_aligned(getattr(kernels, name), pointer, constexprs, n_divisible, options)
+        row = dict(kernel=name, products=products, d=d, block=block, warps=warps)
+        row.update(call_pass=int(call_pass), n_divisible=int(n_divisible))
+        row.update(zip(("registers", "spill_bytes", "shared"), found))
+        print(",".join(str(row[f]) for f in SHORT_FIELDS), flush=True)
+        rows.append(row)
+    return rows
+
+
+def short_picks(rows: list[dict]) -> dict:
+    """(kernel, products, d, block) -> (warps, call_pass, spill bytes) of the short-window
+    launch to use: a candidate (warps, call_pass) counts with its worse N (divisible or not);
+    among the spill-free ones an inlined pass first (a call serializes every wgmma of the
+    kernel on sm_90, a cost registers do not show), then the most warps resident per SM (up to
+    16), then fewer warps a CTA, then fewer registers; with none spill-free the least spilling
+    one."""
+    groups: dict = {}
+    for row in rows:
+        key = (row["kernel"], row["products"], int(row["d"]), int(row["block"]))
+        candidate = (int(row["warps"]), int(row["call_pass"]))
+        worst = groups.setdefault(key, {}).get(candidate)
+        if worst is None or (int(row["spill_bytes"]), int(row["registers"])) > (
+            int(worst["spill_bytes"]),
+            int(worst["registers"]),
+        ):
+            groups[key][candidate] = row
+    picks = {}
+    for key, candidates in groups.items():
+        chosen = pick_short(list(candidates.values()))
+        picks[key] = (int(chosen["warps"]), bool(int(chosen["call_pass"])))
+        picks[key] += (int(chosen["spill_bytes"]),)
+    return picks
+
+
+def pick_short(rows: list[dict]) -> dict:
+    """``short_picks``' rule among the candidates (worst rows) of one short launch."""
+    free = [r for r in rows if int(r["spill_bytes"]) == 0]
+    if not free:
+        return min(rows, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
+    return max(
+        free,
+        key=lambda r: (
+            -int(r["call_pass"]),
+            min(resident_warps(r), 16),
+            -int(r["warps"]),
+            -int(r["registers"]),
+        ),
+    )
 
 
 def main() -> None:
@@ -162,11 +268,26 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write {TABLE.name}")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability")
     parser.add_argument("--sweep", action="store_true", help=f"write {SWEEP.name}, print picks")
+    parser.add_argument(
+        "--sweep-short", action="store_true", help=f"write {SHORT_SWEEP.name}, print picks"
+    )
     parser.add_argument("--kernels", default=",".join(SWEPT), help="--sweep: these kernels only")
+    parser.add_argument(
+        "--products", default=",".join(SWEEP_PRODUCTS), help="--sweep: these products only"
+    )
     parser.add_argument("--csv", type=Path, default=SWEEP, help="--sweep: write here")
     args = parser.parse_args()
+    if args.sweep_short:
+        rows = sweep_short(args.arch)
+        with SHORT_SWEEP.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=SHORT_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        for key, chosen in sorted(short_picks(rows).items()):
+            print(f"{key}: {chosen[:2]}" + (f"  spills {chosen[2]} B" if chosen[2] else ""))
+        return
     if args.sweep:
-        rows = sweep(args.arch, tuple(args.kernels.split(",")))
+        rows = sweep(args.arch, tuple(args.kernels.split(",")), tuple(args.products.split(",")))
         with args.csv.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=SWEEP_FIELDS)
             writer.writeheader()

@@ -22,6 +22,7 @@ from fusedops.kernels.triton import window_attention as kernels
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import triton_static  # noqa: E402
 
+F32 = torch.float32
 REGENERATE = "regenerate it: python benchmarks/triton_static.py --write"
 
 
@@ -109,6 +110,51 @@ def test_pick_prefers_spill_free_then_resident_warps_then_tiles():
     assert triton_static.pick([over, big]) is big
     least = _row(spill_bytes=4, registers=255)
     assert triton_static.pick([_row(spill_bytes=40), least, over]) is least
+
+
+def test_short_launches_are_the_sweeps_picks():
+    """SHORT_LAUNCHES (warps, CALL_PASS) and SHORT_SPILLING are what
+    ``triton_static.short_picks`` chooses from the committed short-window sweep, and windows at a
+    block where a short kernel spills take the blocked kernels, which do not spill there."""
+    with triton_static.SHORT_SWEEP.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    # products x d x block x warps x (N divisible or not) x (forward; backward inlined or call)
+    assert len(rows) == 3 * 3 * 3 * 3 * 2 * (1 + 2)
+    picks = triton_static.short_picks(rows)
+    assert {key: chosen[:2] for key, chosen in picks.items()} == kernels.SHORT_LAUNCHES
+    assert {key for key, chosen in picks.items() if chosen[2]} == kernels.SHORT_SPILLING
+    dtypes = {"16-bit": (torch.bfloat16, False), "tf32": (F32, True), "tf32x3": (F32, False)}
+    for kernel, products, d, block in kernels.SHORT_SPILLING:
+        dtype, tf32 = dtypes[products]
+        options = kernels.launch_options(block, d, dtype, tf32=tf32)
+        assert "_short_forward_kernel" not in options, (kernel, products, d, block)
+        for name in options:
+            assert (name, products, d) not in kernels.SPILLING
+
+
+def _short_row(warps=4, call_pass=0, registers=128, spill_bytes=0, n_divisible=0):
+    return dict(
+        kernel="k", products="tf32", d="32", block="64", warps=str(warps),
+        call_pass=str(call_pass), n_divisible=str(n_divisible), registers=str(registers),
+        spill_bytes=str(spill_bytes), shared="16384",
+    )  # fmt: skip
+
+
+def test_short_pick_takes_each_candidates_worse_n_then_prefers_inlined_passes():
+    """The rule behind SHORT_LAUNCHES, on made-up candidates."""
+    inlined, call = _short_row(registers=200), _short_row(call_pass=1, registers=120)
+    assert triton_static.resident_warps(inlined) == 8 and triton_static.resident_warps(call) == 16
+    assert triton_static.pick_short([call, inlined]) is inlined  # more warps, but a call
+    spills_once = _short_row(registers=100, spill_bytes=8, n_divisible=1)
+    rows = [_short_row(registers=100), spills_once, call, _short_row(call_pass=1, n_divisible=1)]
+    # (4 warps, inlined) spills when N is divisible: the call is taken
+    assert triton_static.short_picks(rows)[("k", "tf32", 32, 64)] == (4, True, 0)
+    more = _short_row(warps=8, registers=128)  # 8 warps x 2 CTAs = 16 resident, against 4 x 2
+    assert triton_static.pick_short([inlined, more]) is more
+    fewer = _short_row(warps=2, registers=128)  # 2 warps x 8 CTAs: 16 too, in smaller CTAs
+    assert triton_static.pick_short([more, fewer]) is fewer
+    least = _short_row(spill_bytes=4)
+    assert triton_static.pick_short([_short_row(spill_bytes=40), least]) is least
 
 
 @pytest.mark.parametrize(

@@ -23,21 +23,23 @@ dS into its own fp32 partial ``(G, H, N, N)`` (in registers when one query block
 window, else in its own region of the partial buffer); the partials are then summed over G in
 one fixed order. No atomics: the same bits on every run.
 
-Short windows (``short_window``: N <= 64, d <= 64; Swin's 7 x 7): ``_short_forward_kernel``
+Short windows (``short_window``: N <= 64, d <= 64, but for fp32 with 3-pass TF32 at d = 64
+over 32 tokens, where they spill; Swin's 7 x 7): ``_short_forward_kernel``
 and ``_short_backward_kernel``, one program per (image chunk, window position w, head h) on
 grid dim 0, looping over the windows of its images that share ``bias[h] + mask[w]``; a
 window-head's whole N x N score tile (padded to 16/32/64) stays on chip. The forward holds the
 table in registers (loaded once per program); the backward makes one pass per window-head
 (P recomputed once; dq, dk, dv written; dS added to the program's own fp32 d_bias partial,
 partials (chunks * nW, H, N, N) summed in one fixed order) and re-reads the table from an fp32
-copy the launcher pads to (block, block) with -inf (aligned loads, few registers). With fp32
-tf32x3 products (``CALL_PASS``) that pass is a function call, not inlined
+copy the launcher pads to (block, block) with -inf (aligned loads, few registers). Where
+inlined it spills (``CALL_PASS`` in SHORT_LAUNCHES: fp32 with 3-pass TF32 at Swin-T among
+them) that pass is a function call, not inlined
 (``_short_window_backward_call``): inlined into the window loop, LLVM hoisted the
 loop-invariant shared-memory addresses of the products' operands (sm_90 wgmma descriptors,
 about 100 registers) out of the loop and it spilled; as Triton 3.6 cannot return a tensor from
 such a function, the call adds dS to the partial in memory (read-add-store per window,
 L2-resident) rather than to a register tile. The cost: ptxas serializes every wgmma of a
-kernel that makes a call (sm_90), hence inlined passes for the other dtypes, spill-free.
+kernel that makes a call (sm_90), hence inlined passes wherever one is spill-free.
 fp32 products run on tensor cores with torch matmul's contract: TF32 where
 ``torch.backends.cuda.matmul`` allows it, else 3-pass TF32 (``_dot_options``).
 
@@ -74,16 +76,16 @@ SHORT_MAX_D = 64
 #: at 144-token windows, aligned as Triton's launcher specializes aligned tensors
 #: (``python benchmarks/triton_static.py --sweep``, Triton 3.9): among the spill-free ones
 #: within an H100 block's shared memory, the most warps resident per SM (up to 16), then the
-#: larger tiles, then the deeper pipeline (``triton_static.pick``). The blocks used before (64 x
-#: 64, 4 warps, 3 stages) spilled 24-4,196 B a thread in 14 of these 36 launches, every
-#: backward but the 16-bit d = 16 one among them; now only ``SPILLING`` does, the least
-#: spilling candidate. tests/test_window_attention_static.py checks this table against the
-#: committed sweep and every launch the dispatch can make against an H100's shared memory.
+#: larger tiles, then the deeper pipeline, then fewer warps a CTA (``triton_static.pick``). The
+#: blocks used before (64 x 64, 4 warps, 3 stages) spilled 24-4,196 B a thread in 15 of these 36
+#: launches, every backward among them; now only ``SPILLING`` does, the least spilling candidate.
+#: tests/test_window_attention_static.py checks this table against the committed sweep and every
+#: launch the dispatch can make against an H100's shared memory.
 LONG_LAUNCHES = {
-    ("_forward_kernel", "16-bit", 16): (64, 64, 8, 3),
+    ("_forward_kernel", "16-bit", 16): (64, 64, 4, 3),
     ("_forward_kernel", "16-bit", 32): (64, 64, 8, 3),
     ("_forward_kernel", "16-bit", 64): (64, 64, 8, 3),
-    ("_forward_kernel", "16-bit", 128): (32, 32, 8, 3),
+    ("_forward_kernel", "16-bit", 128): (32, 32, 4, 3),
     ("_forward_kernel", "tf32", 16): (64, 64, 8, 1),
     ("_forward_kernel", "tf32", 32): (64, 64, 8, 1),
     ("_forward_kernel", "tf32", 64): (32, 32, 8, 3),
@@ -92,9 +94,9 @@ LONG_LAUNCHES = {
     ("_forward_kernel", "tf32x3", 32): (64, 64, 8, 3),
     ("_forward_kernel", "tf32x3", 64): (32, 32, 4, 3),
     ("_forward_kernel", "tf32x3", 128): (32, 32, 8, 3),
-    ("_backward_kernel", "16-bit", 16): (32, 64, 8, 3),
-    ("_backward_kernel", "16-bit", 32): (32, 64, 8, 3),
-    ("_backward_kernel", "16-bit", 64): (32, 32, 8, 2),
+    ("_backward_kernel", "16-bit", 16): (32, 64, 8, 2),
+    ("_backward_kernel", "16-bit", 32): (32, 64, 8, 2),
+    ("_backward_kernel", "16-bit", 64): (32, 32, 4, 1),
     ("_backward_kernel", "16-bit", 128): (32, 64, 8, 3),
     ("_backward_kernel", "tf32", 16): (32, 64, 8, 1),
     ("_backward_kernel", "tf32", 32): (32, 64, 8, 1),
@@ -104,7 +106,7 @@ LONG_LAUNCHES = {
     ("_backward_kernel", "tf32x3", 32): (32, 64, 8, 2),
     ("_backward_kernel", "tf32x3", 64): (32, 32, 8, 1),
     ("_backward_kernel", "tf32x3", 128): (32, 32, 8, 1),
-    ("_backward_dq_kernel", "16-bit", 16): (64, 64, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 16): (64, 64, 4, 3),
     ("_backward_dq_kernel", "16-bit", 32): (64, 64, 8, 3),
     ("_backward_dq_kernel", "16-bit", 64): (64, 64, 8, 3),
     ("_backward_dq_kernel", "16-bit", 128): (64, 32, 4, 2),
@@ -120,6 +122,79 @@ LONG_LAUNCHES = {
 #: The (kernel, products, d) of LONG_LAUNCHES with no spill-free candidate in the sweep: fp32
 #: with 3-pass TF32 at d = 128, 344 B (backward, was 4,196) and 144 B (dq, was 1,020) a thread.
 SPILLING = {("_backward_kernel", "tf32x3", 128), ("_backward_dq_kernel", "tf32x3", 128)}
+#: The short-window kernels' launches, keyed by (kernel, products, d, block) with block the
+#: padded window (16, 32 or 64 tokens): (warps, CALL_PASS: the backward's per-window pass a
+#: function call rather than inlined). Chosen from an sm_90 compile of every (2, 4 or 8 warps,
+#: pass inlined or a call) with N marked divisible by 16 and not (Swin's 49 is not, 64 is), each
+#: candidate counted by its worse case (``python benchmarks/triton_static.py --sweep-short``,
+#: Triton 3.9): among the spill-free ones an inlined pass first (a call serializes every wgmma
+#: of the kernel on sm_90), then the most warps resident per SM (up to 16), then fewer warps a
+#: CTA (``triton_static.short_picks``). Before, 2 warps below 64 tokens and 4 at 64, the pass a
+#: call exactly for fp32 with 3-pass TF32: the fp32 and d = 64 launches among them spilled.
+SHORT_KERNELS = ("_short_forward_kernel", "_short_backward_kernel")
+SHORT_LAUNCHES = {
+    ("_short_forward_kernel", "16-bit", 16, 16): (2, False),
+    ("_short_forward_kernel", "16-bit", 16, 32): (2, False),
+    ("_short_forward_kernel", "16-bit", 16, 64): (4, False),
+    ("_short_forward_kernel", "16-bit", 32, 16): (2, False),
+    ("_short_forward_kernel", "16-bit", 32, 32): (2, False),
+    ("_short_forward_kernel", "16-bit", 32, 64): (4, False),
+    ("_short_forward_kernel", "16-bit", 64, 16): (2, False),
+    ("_short_forward_kernel", "16-bit", 64, 32): (4, False),
+    ("_short_forward_kernel", "16-bit", 64, 64): (8, False),
+    ("_short_forward_kernel", "tf32", 16, 16): (2, False),
+    ("_short_forward_kernel", "tf32", 16, 32): (2, False),
+    ("_short_forward_kernel", "tf32", 16, 64): (4, False),
+    ("_short_forward_kernel", "tf32", 32, 16): (2, False),
+    ("_short_forward_kernel", "tf32", 32, 32): (4, False),
+    ("_short_forward_kernel", "tf32", 32, 64): (8, False),
+    ("_short_forward_kernel", "tf32", 64, 16): (2, False),
+    ("_short_forward_kernel", "tf32", 64, 32): (4, False),
+    ("_short_forward_kernel", "tf32", 64, 64): (4, False),
+    ("_short_forward_kernel", "tf32x3", 16, 16): (2, False),
+    ("_short_forward_kernel", "tf32x3", 16, 32): (4, False),
+    ("_short_forward_kernel", "tf32x3", 16, 64): (4, False),
+    ("_short_forward_kernel", "tf32x3", 32, 16): (2, False),
+    ("_short_forward_kernel", "tf32x3", 32, 32): (4, False),
+    ("_short_forward_kernel", "tf32x3", 32, 64): (4, False),
+    ("_short_forward_kernel", "tf32x3", 64, 16): (8, False),
+    ("_short_forward_kernel", "tf32x3", 64, 32): (4, False),
+    ("_short_forward_kernel", "tf32x3", 64, 64): (8, False),
+    ("_short_backward_kernel", "16-bit", 16, 16): (2, False),
+    ("_short_backward_kernel", "16-bit", 16, 32): (2, False),
+    ("_short_backward_kernel", "16-bit", 16, 64): (4, False),
+    ("_short_backward_kernel", "16-bit", 32, 16): (2, False),
+    ("_short_backward_kernel", "16-bit", 32, 32): (2, False),
+    ("_short_backward_kernel", "16-bit", 32, 64): (4, False),
+    ("_short_backward_kernel", "16-bit", 64, 16): (2, False),
+    ("_short_backward_kernel", "16-bit", 64, 32): (8, False),
+    ("_short_backward_kernel", "16-bit", 64, 64): (4, False),
+    ("_short_backward_kernel", "tf32", 16, 16): (2, False),
+    ("_short_backward_kernel", "tf32", 16, 32): (2, False),
+    ("_short_backward_kernel", "tf32", 16, 64): (4, False),
+    ("_short_backward_kernel", "tf32", 32, 16): (2, False),
+    ("_short_backward_kernel", "tf32", 32, 32): (2, False),
+    ("_short_backward_kernel", "tf32", 32, 64): (4, False),
+    ("_short_backward_kernel", "tf32", 64, 16): (4, False),
+    ("_short_backward_kernel", "tf32", 64, 32): (4, False),
+    ("_short_backward_kernel", "tf32", 64, 64): (8, True),
+    ("_short_backward_kernel", "tf32x3", 16, 16): (2, False),
+    ("_short_backward_kernel", "tf32x3", 16, 32): (2, False),
+    ("_short_backward_kernel", "tf32x3", 16, 64): (4, True),
+    ("_short_backward_kernel", "tf32x3", 32, 16): (4, False),
+    ("_short_backward_kernel", "tf32x3", 32, 32): (2, False),
+    ("_short_backward_kernel", "tf32x3", 32, 64): (4, True),
+    ("_short_backward_kernel", "tf32x3", 64, 16): (2, False),
+    ("_short_backward_kernel", "tf32x3", 64, 32): (8, False),
+    ("_short_backward_kernel", "tf32x3", 64, 64): (4, True),
+}
+#: Short launches with no spill-free candidate: fp32 with 3-pass TF32 at d = 64 over 32 tokens
+#: (152 B forward, 16 B backward a thread). Those windows take the blocked kernels
+#: (``short_window``), spill-free there.
+SHORT_SPILLING = {
+    ("_short_forward_kernel", "tf32x3", 64, 64),
+    ("_short_backward_kernel", "tf32x3", 64, 64),
+}
 #: Programs the backward aims for per SM (their windows loop inside; untuned: no GPU yet).
 PROGRAMS_PER_SM = 8
 #: Window groups G of a CPU (interpreter) run: small, but more than one.
@@ -785,10 +860,6 @@ def _block(n: int, limit: int = MAX_BLOCK) -> int:
     return min(max(16, triton.next_power_of_2(n)), limit)
 
 
-def _warps(block: int) -> int:
-    return 4 if block >= 64 else 2
-
-
 def _dot_options(dtype: torch.dtype, interpreter: bool, tf32: bool = False) -> dict:
     """PRECISION: fp32 inputs on tensor cores with torch matmul's contract, ``"tf32"`` where
     ``tf32`` (``torch.backends.cuda.matmul.allow_tf32``) is on, else ``"tf32x3"`` (three TF32
@@ -798,9 +869,14 @@ def _dot_options(dtype: torch.dtype, interpreter: bool, tf32: bool = False) -> d
     return {"PRECISION": precision, "UPCAST": dtype == torch.bfloat16 and interpreter}
 
 
-def short_window(n: int, d: int) -> bool:
-    """Whether windows of n tokens at head dim d take the short-window kernels."""
-    return n <= SHORT_BLOCK and d <= SHORT_MAX_D
+def short_window(n: int, d: int, dtype: torch.dtype = torch.float16, tf32: bool = False) -> bool:
+    """Whether windows of n tokens at head dim d, inputs of ``dtype`` (fp32 products in TF32
+    where ``tf32``), take the short-window kernels: n <= SHORT_BLOCK and d <= SHORT_MAX_D,
+    except at the blocks where a short kernel spills (SHORT_SPILLING)."""
+    if n > SHORT_BLOCK or d > SHORT_MAX_D:
+        return False
+    block, products = _block(n, SHORT_BLOCK), _products(dtype, tf32)
+    return all((kernel, products, d, block) not in SHORT_SPILLING for kernel in SHORT_KERNELS)
 
 
 def _products(dtype: torch.dtype, tf32: bool) -> str:
@@ -830,18 +906,16 @@ def launch_options(
     cover the window, ``_backward_dq_kernel``: constexprs (HAS_BIAS, HAS_MASK and BIAS_GRAD
     left to the call), ``num_warps`` and ``num_stages``."""
     dot = _dot_options(dtype, interpreter, tf32)
-    if short_window(n, d):
-        block = _block(n, SHORT_BLOCK)
+    if short_window(n, d, dtype, tf32):
+        block, products = _block(n, SHORT_BLOCK), _products(dtype, tf32)
         # one stage: the window loop's loads are not pipelined (the shared memory and the
         # registers it takes cost more than the latency it hides at 2 programs per SM)
-        short = dict(BLOCK=block, D=d, num_warps=_warps(block), num_stages=1, **dot)
-        # the backward's per-window pass a function call where inlined it spills (fp32
-        # tf32x3 at Swin-T); elsewhere inlined: ptxas serializes every wgmma of a kernel with
-        # a call (sm_90, info C7510), and there the inlined pass is spill-free
-        call = dot["PRECISION"] == "tf32x3"
+        short = dict(BLOCK=block, D=d, num_stages=1, **dot)
+        forward_warps, _ = SHORT_LAUNCHES[("_short_forward_kernel", products, d, block)]
+        backward_warps, call = SHORT_LAUNCHES[("_short_backward_kernel", products, d, block)]
         return {
-            "_short_forward_kernel": short,
-            "_short_backward_kernel": dict(short, CALL_PASS=call),
+            "_short_forward_kernel": dict(short, num_warps=forward_warps),
+            "_short_backward_kernel": dict(short, num_warps=backward_warps, CALL_PASS=call),
         }
     launch = functools.partial(_long_launch, n=n, d=d, dtype=dtype, tf32=tf32)
     options = {"_forward_kernel": dict(launch("_forward_kernel"), D=d, **dot)}

@@ -93,12 +93,9 @@ def pick(rows: list[dict]) -> dict:
     in more, smaller CTAs: less of a tile replicated across warps), then fewer registers; with
     none spill-free, the least spilling one within the limit (then the most resident warps)."""
     fits = [r for r in rows if int(r["shared"]) <= SHARED_LIMIT]
-    free = [r for r in fits if int(r["spill_bytes"]) == 0]
-    if not free:
-        return min(fits, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
-    return max(
-        free,
-        key=lambda r: (
+    return _best(
+        fits,
+        lambda r: (
             min(resident_warps(r), 16),
             int(r["block_m"]) * int(r["block_n"]),
             int(r["stages"]),
@@ -106,6 +103,15 @@ def pick(rows: list[dict]) -> dict:
             -int(r["registers"]),
         ),
     )
+
+
+def _best(rows: list[dict], preference) -> dict:
+    """The spill-free row of ``rows`` with the largest ``preference(row)``; with none
+    spill-free, the least spilling one (then the most warps resident per SM)."""
+    free = [r for r in rows if int(r["spill_bytes"]) == 0]
+    if not free:
+        return min(rows, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
+    return max(free, key=preference)
 
 
 def sweep_picks(rows: list[dict]) -> dict:
@@ -249,12 +255,9 @@ def short_picks(rows: list[dict]) -> dict:
 
 def pick_short(rows: list[dict]) -> dict:
     """``short_picks``' rule among the candidates (worst rows) of one short launch."""
-    free = [r for r in rows if int(r["spill_bytes"]) == 0]
-    if not free:
-        return min(rows, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
-    return max(
-        free,
-        key=lambda r: (
+    return _best(
+        rows,
+        lambda r: (
             -int(r["call_pass"]),
             min(resident_warps(r), 16),
             -int(r["warps"]),

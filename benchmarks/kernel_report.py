@@ -262,59 +262,83 @@ SWIN_T = ((1, 56, 96, 3), (2, 28, 192, 6), (3, 14, 384, 12), (4, 7, 768, 24))
 SWIN_BATCH, SWIN_WINDOW, SWIN_HEAD_DIM = 128, 7, 32
 
 
-def swin_launches(dtype: torch.dtype) -> list[Launch]:
-    """Window attention, Swin softmax and window partition/reverse at the Swin-T stages."""
-    from fusedops.kernels.triton import swin_softmax, window_attention, window_process
+#: Swin-B at 384 px, batch 32: (stage, tokens per side, heads); windows of 12 x 12 (N = 144, over
+#: the short-window kernels' 64: the blocked ones), d = 32.
+SWIN_B_384 = ((1, 96, 4), (2, 48, 8), (3, 24, 16), (4, 12, 32))
+SWIN_B_BATCH, SWIN_B_WINDOW = 32, 12
 
-    es, n, d = _size(dtype), SWIN_WINDOW**2, SWIN_HEAD_DIM
-    rows = []
+
+def attention_launches(dtype, stage: int, batch: int, side: int, heads: int, window: int):
+    """The window-attention launches of one Swin stage (batch images of side x side tokens,
+    windows of window x window, head dim SWIN_HEAD_DIM), as the dispatch picks them."""
+    from fusedops.kernels.triton import window_attention
+
+    es, n, d = _size(dtype), window**2, SWIN_HEAD_DIM
     options = window_attention.launch_options(n, d, dtype)
     # q, k, v strides (views of Swin's qkv) and out's: multiples of d = 32
     kernels = [getattr(window_attention, name) for name in options]
     strides = tuple(a for k in kernels for a in k.arg_names if re.fullmatch(r"s[a-z]{2}", a))
+    # N itself where a multiple of 16 (144), as Triton's launcher marks it
+    divisible = strides + (("N",) if n % 16 == 0 else ())
+    n_w = (side // window) ** 2  # windows per image
+    z = batch * n_w
+    masked = n_w > 1
+    shape = f"stage{stage} Z={z} H={heads} N={n} D={d}"
+    qkv = z * heads * n * d * es
+    tables = heads * n * n * 4 + (n_w * n * n * 4 if masked else 0)  # fp32 bias, mask
+    lse = z * heads * n * 4
+    ideal = {
+        "_forward_kernel": 4 * qkv + tables + lse,  # q, k, v, bias, mask in; out, lse
+        "_backward_kernel": 7 * qkv + tables + lse + heads * n * n * 4,  # + d_bias
+        "_backward_dq_kernel": 0,
+    }
+    ideal["_short_forward_kernel"] = ideal["_forward_kernel"]
+    ideal["_short_backward_kernel"] = ideal["_backward_kernel"]
+    rows = []
+    for name, opts in options.items():
+        constexprs = window_attention.static_launch(getattr(window_attention, name), "", opts)[2]
+        if "HAS_MASK" in constexprs:
+            constexprs["HAS_MASK"] = masked
+        rows.append(
+            Launch(
+                "window_attention",
+                getattr(window_attention, name),
+                dtype,
+                shape,
+                constexprs,
+                opts["num_warps"],
+                opts["num_stages"],
+                types={
+                    "scale": "fp32",
+                    "lse_ptr": "*fp32",
+                    "bias_ptr": "*fp32",
+                    "mask_ptr": "*fp32",
+                    "dbias_ptr": "*fp32",
+                    "delta_ptr": "*fp32",
+                    "table_ptr": "*fp32",
+                },
+                ideal=ideal[name],
+                divisible=divisible,
+            )  # fmt: skip
+        )
+    return rows
+
+
+def swin_launches(dtype: torch.dtype) -> list[Launch]:
+    """Window attention, Swin softmax and window partition/reverse at the Swin-T stages, and
+    window attention at Swin-B 384's (12 x 12 windows)."""
+    from fusedops.kernels.triton import swin_softmax, window_process
+
+    es, n = _size(dtype), SWIN_WINDOW**2
+    rows = []
+    for stage, side, heads in SWIN_B_384:
+        rows += attention_launches(dtype, stage, SWIN_B_BATCH, side, heads, SWIN_B_WINDOW)
     for stage, side, channels, heads in SWIN_T:
+        rows += attention_launches(dtype, stage, SWIN_BATCH, side, heads, SWIN_WINDOW)
         n_w = (side // SWIN_WINDOW) ** 2  # windows per image
         z = SWIN_BATCH * n_w
         masked = n_w > 1
-        shape = f"stage{stage} Z={z} H={heads} N={n} D={d}"
-        qkv = z * heads * n * d * es
         tables = heads * n * n * 4 + (n_w * n * n * 4 if masked else 0)  # fp32 bias, mask
-        lse = z * heads * n * 4
-        ideal = {
-            "_forward_kernel": 4 * qkv + tables + lse,  # q, k, v, bias, mask in; out, lse
-            "_backward_kernel": 7 * qkv + tables + lse + heads * n * n * 4,  # + d_bias
-            "_backward_dq_kernel": 0,
-        }
-        ideal["_short_forward_kernel"] = ideal["_forward_kernel"]
-        ideal["_short_backward_kernel"] = ideal["_backward_kernel"]
-        for name, opts in options.items():
-            constexprs = window_attention.static_launch(getattr(window_attention, name), "", opts)[
-                2
-            ]
-            if "HAS_MASK" in constexprs:
-                constexprs["HAS_MASK"] = masked
-            rows.append(
-                Launch(
-                    "window_attention",
-                    getattr(window_attention, name),
-                    dtype,
-                    shape,
-                    constexprs,
-                    opts["num_warps"],
-                    opts["num_stages"],
-                    types={
-                        "scale": "fp32",
-                        "lse_ptr": "*fp32",
-                        "bias_ptr": "*fp32",
-                        "mask_ptr": "*fp32",
-                        "dbias_ptr": "*fp32",
-                        "delta_ptr": "*fp32",
-                        "table_ptr": "*fp32",
-                    },
-                    ideal=ideal[name],
-                    divisible=strides,
-                )  # fmt: skip
-            )
         scores = z * heads * n * n
         block_r, block_n = swin_softmax._blocks(n)
         fp32 = {"bias_ptr": "*fp32", "mask_ptr": "*fp32", "partial_ptr": "*fp32"}

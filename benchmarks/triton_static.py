@@ -135,13 +135,36 @@ SWEPT = ("_forward_kernel", "_backward_kernel", "_backward_dq_kernel")
 FP32_BUFFERS = ("lse_ptr", "delta_ptr", "dbias_ptr", "table_ptr")
 
 
+#: The bias and mask tables, read in their own dtype: the inputs' (a model cast to 16 bits) or
+#: fp32 (16-bit inputs under autocast, whose parameters stay fp32).
+TABLES = ("bias_ptr", "mask_ptr")
+
+
 def _compile_aligned(kernel, pointer: str, constexprs: dict, n_divisible: bool, options: dict):
     """Compile ``kernel`` for sm_``options["arch"]`` as a launch on aligned tensors is: input
     pointers of type ``pointer``, FP32_BUFFERS fp32, every pointer and the strides (``s`` +
     two letters) marked divisible by 16, N too where ``n_divisible``; (registers, spill
-    bytes, shared bytes)."""
+    bytes, shared bytes). With 16-bit inputs and TABLES among the arguments, compiled with
+    the tables 16-bit and fp32, the worse of the two (spills, then registers)."""
     signature = _static.signature_of(kernel, constexprs, pointer, SCALARS)
     signature.update({arg: "*fp32" for arg in FP32_BUFFERS if arg in signature})
+    if pointer != "*fp32" and any(arg in signature for arg in TABLES):
+        found = [
+            _compile_signed(kernel, signature, constexprs, n_divisible, options),
+            _compile_signed(
+                kernel,
+                {**signature, **{arg: "*fp32" for arg in TABLES if arg in signature}},
+                constexprs,
+                n_divisible,
+                options,
+            ),
+        ]
+        return max(found, key=lambda f: (f[1], f[0], f[2]))
+    return _compile_signed(kernel, signature, constexprs, n_divisible, options)
+
+
+def _compile_signed(kernel, signature: dict, constexprs: dict, n_divisible: bool, options: dict):
+    """``_compile_aligned`` for one signature."""
     divisible = {
         (i,): [["tt.divisibility", 16]]
         for i, arg in enumerate(kernel.arg_names)

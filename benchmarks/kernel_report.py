@@ -193,6 +193,13 @@ class Launch:
     #: launch on it, as it does on 16-byte aligned pointers: every pointer here is)
     divisible: tuple = ()
     variant: str = ""  # told apart in the kernel column, e.g. "atomic"
+    #: the archs this launch is made on (None: every arch of the run), where the launcher
+    #: picks its options per compute capability
+    archs: tuple | None = None
+
+    def made_on(self, arch: int) -> bool:
+        """Whether the launcher makes this launch on a GPU of ``arch``."""
+        return self.archs is None or arch in self.archs
 
     def name(self) -> str:
         """The kernel column: the kernel's name and its variant."""
@@ -270,11 +277,20 @@ SWIN_B_BATCH, SWIN_B_WINDOW = 32, 12
 
 def attention_launches(dtype, stage: int, batch: int, side: int, heads: int, window: int):
     """The window-attention launches of one Swin stage (batch images of side x side tokens,
-    windows of window x window, head dim SWIN_HEAD_DIM), as the dispatch picks them."""
+    windows of window x window, head dim SWIN_HEAD_DIM), as the dispatch picks them on sm_90
+    and on sm_80 (its blocked kernels' options are per arch)."""
+    return [
+        launch
+        for arch in (90, 80)
+        for launch in _attention_launches(dtype, stage, batch, side, heads, window, arch)
+    ]
+
+
+def _attention_launches(dtype, stage, batch, side, heads, window, arch: int) -> list[Launch]:
     from fusedops.kernels.triton import window_attention
 
     es, n, d = _size(dtype), window**2, SWIN_HEAD_DIM
-    options = window_attention.launch_options(n, d, dtype)
+    options = window_attention.launch_options(n, d, dtype, arch=arch)
     # q, k, v strides (views of Swin's qkv) and out's: multiples of d = 32
     kernels = [getattr(window_attention, name) for name in options]
     strides = tuple(a for k in kernels for a in k.arg_names if re.fullmatch(r"s[a-z]{2}", a))
@@ -319,6 +335,7 @@ def attention_launches(dtype, stage: int, batch: int, side: int, heads: int, win
                 },
                 ideal=ideal[name],
                 divisible=divisible,
+                archs=(arch,),
             )  # fmt: skip
         )
     return rows
@@ -970,7 +987,7 @@ def triton_rows(launches: list[Launch], archs, results: dict) -> list[dict]:
     times = measured_times()
     rows = []
     for launch in launches:
-        for arch in archs:
+        for arch in (a for a in archs if launch.made_on(a)):
             facts = results[Job(arch, launch).key()]
             achieved = ""
             dtype = _NAME[launch.dtype]
@@ -1147,7 +1164,7 @@ def main() -> None:
         sources = [source for source in sources if source.stem == args.op]
         if not launches and not sources:
             parser.error(f"--op {args.op!r} names no op of the report")
-    jobs = [Job(arch, launch) for launch in launches for arch in archs]
+    jobs = [Job(arch, launch) for launch in launches for arch in archs if launch.made_on(arch)]
     jobs += [Job(arch, source=source) for source in sources for arch in archs]
     cache = ResultCache(None if args.no_cache else args.cache)
     results, cached = run_jobs(jobs, args.workers, cache, lambda line: print(line, flush=True))

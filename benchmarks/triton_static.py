@@ -58,7 +58,10 @@ def launches() -> list[tuple]:
     return kernels.static_launches(range(1, MAX_TOKENS + 1), HEAD_DIMS, DTYPES)
 
 
-SWEEP = ROOT / "benchmarks" / "results" / "triton_sweep_window_attention_sm90.csv"
+RESULTS = ROOT / "benchmarks" / "results"
+SWEEP = RESULTS / "triton_sweep_window_attention_sm90.csv"
+#: The blocked kernels' sweep for A100s (``--arch 80 --sweep --csv`` this).
+SWEEP_SM80 = RESULTS / "triton_sweep_window_attention_sm80.csv"
 SWEEP_FIELDS = ("kernel", "products", "d", "block_m", "block_n", "warps", "stages", "registers")
 SWEEP_FIELDS += ("spill_bytes", "shared")
 #: Products swept, with the pointer type and PRECISION they compile with.
@@ -70,58 +73,66 @@ SWEEP_PRODUCTS = {
 #: Window length of the sweep's launches (12 x 12 windows: several blocks, every flag off; a
 #: multiple of 16, so N is marked divisible as Triton's launcher marks it).
 SWEEP_TOKENS = 144
-#: An sm_90 SM: 65,536 registers, 233,472 B of shared memory (a block's 227 KiB plus the 1 KiB
-#: each block reserves), 64 warps.
-SM_REGISTERS, SM_SHARED, SM_WARPS, BLOCK_RESERVED = 65_536, 233_472, 64, 1024
+#: An SM of sm_90 and sm_80 alike: 65,536 registers, 64 warps; each block reserves 1 KiB of
+#: shared memory.
+SM_REGISTERS, SM_WARPS, BLOCK_RESERVED = 65_536, 64, 1024
+#: Shared memory of an SM (sm_90: 228 KiB; sm_80, an A100: 164 KiB) and what a launch may take
+#: (a block's 227 / 163 KiB less a margin for other Triton versions' layouts).
+SM_SHARED = {90: 233_472, 80: 167_936}
+BLOCK_SHARED_LIMIT = {90: SHARED_LIMIT, 80: 160 * 1024}
 
 
-def resident_warps(row: dict) -> int:
-    """Warps of ``row``'s launch resident on one sm_90 SM (registers, shared memory, warps)."""
+def resident_warps(row: dict, arch: int = 90) -> int:
+    """Warps of ``row``'s launch resident on one SM of ``arch`` (registers, shared memory,
+    warps)."""
     warps = int(row["warps"])
     ctas = min(
         SM_REGISTERS // (int(row["registers"]) * 32 * warps),
-        SM_SHARED // (int(row["shared"]) + BLOCK_RESERVED),
+        SM_SHARED[arch] // (int(row["shared"]) + BLOCK_RESERVED),
         SM_WARPS // warps,
     )
     return ctas * warps
 
 
-def pick(rows: list[dict]) -> dict:
-    """The candidate launch (sweep rows of one kernel, products and d) to use: among the
-    spill-free ones within SHARED_LIMIT, the most warps resident per SM (counted up to 16), then
-    the larger tile, then the deeper pipeline, then fewer warps a CTA (the same warps resident
-    in more, smaller CTAs: less of a tile replicated across warps), then fewer registers; with
-    none spill-free, the least spilling one within the limit (then the most resident warps)."""
-    fits = [r for r in rows if int(r["shared"]) <= SHARED_LIMIT]
+def pick(rows: list[dict], arch: int = 90) -> dict:
+    """The candidate launch (sweep rows of one kernel, products and d, compiled for ``arch``)
+    to use: among the spill-free ones within BLOCK_SHARED_LIMIT, the most warps resident per SM
+    (counted up to 16), then the larger tile, then the deeper pipeline, then fewer warps a CTA
+    (the same warps resident in more, smaller CTAs: less of a tile replicated across warps),
+    then fewer registers; with none spill-free, the least spilling one within the limit (then
+    the most resident warps)."""
+    fits = [r for r in rows if int(r["shared"]) <= BLOCK_SHARED_LIMIT[arch]]
     return _best(
         fits,
         lambda r: (
-            min(resident_warps(r), 16),
+            min(resident_warps(r, arch), 16),
             int(r["block_m"]) * int(r["block_n"]),
             int(r["stages"]),
             -int(r["warps"]),
             -int(r["registers"]),
         ),
+        arch,
     )
 
 
-def _best(rows: list[dict], preference) -> dict:
+def _best(rows: list[dict], preference, arch: int = 90) -> dict:
     """The spill-free row of ``rows`` with the largest ``preference(row)``; with none
-    spill-free, the least spilling one (then the most warps resident per SM)."""
+    spill-free, the least spilling one (then the most warps resident per SM of ``arch``)."""
     free = [r for r in rows if int(r["spill_bytes"]) == 0]
     if not free:
-        return min(rows, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r)))
+        return min(rows, key=lambda r: (int(r["spill_bytes"]), -resident_warps(r, arch)))
     return max(free, key=preference)
 
 
-def sweep_picks(rows: list[dict]) -> dict:
-    """(kernel, products, d) -> (block_m, block_n, warps, stages, spill bytes) picked."""
+def sweep_picks(rows: list[dict], arch: int = 90) -> dict:
+    """(kernel, products, d) -> (block_m, block_n, warps, stages, spill bytes) picked from
+    ``rows`` compiled for ``arch``."""
     groups: dict = {}
     for row in rows:
         groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
     picks = {}
     for key, group in groups.items():
-        best = pick(group)
+        best = pick(group, arch)
         picks[key] = tuple(int(best[f]) for f in ("block_m", "block_n", "warps", "stages"))
         picks[key] += (int(best["spill_bytes"]),)
     return picks
@@ -318,7 +329,7 @@ def main() -> None:
             writer = csv.DictWriter(handle, fieldnames=SWEEP_FIELDS)
             writer.writeheader()
             writer.writerows(rows)
-        for key, chosen in sorted(sweep_picks(rows).items()):
+        for key, chosen in sorted(sweep_picks(rows, args.arch).items()):
             print(f"{key}: {chosen[:4]}" + (f"  spills {chosen[4]} B" if chosen[4] else ""))
         return
     todo = launches()

@@ -235,6 +235,37 @@ def test_fp32_products_follow_torch_tf32_setting(monkeypatch, n):
     assert ("_short_forward_kernel" in seen[0]) == (n <= kernels.SHORT_BLOCK)
 
 
+@pytest.mark.parametrize(("n", "d", "dtype"), [(144, 32, BF16), (144, 32, F32), (100, 128, F16)])
+def test_the_a100_launches_compute_the_same(monkeypatch, n, d, dtype):
+    """The blocked kernels at the launches a GPU of compute capability 8.x gets
+    (LONG_LAUNCHES_SM80: other query and key blocks than sm_90's at these shapes), forward and
+    backward against the reference."""
+    from fusedops import dispatch
+    from fusedops.kernels.triton import window_attention as kernels
+
+    if "triton" not in KERNEL_BACKENDS:
+        pytest.skip("no Triton backend here")
+    seen = []
+
+    def a100_options(q):
+        n, d = q.shape[-2:]
+        interpreter, tf32 = dispatch.triton_interpreter(), kernels.tf32_allowed()
+        seen.append(kernels.launch_options(n, d, q.dtype, interpreter, tf32, arch=80))
+        return seen[-1]
+
+    monkeypatch.setattr(kernels, "_options", a100_options)
+    q, k, v, bias, mask = _inputs(2, 2, n, d, dtype, mask=(2, -100.0))
+    _check(q, k, v, bias, mask, "triton")
+    blocks = {
+        name: (o["BLOCK_M"], o["BLOCK_N"]) for launches in seen for name, o in launches.items()
+    }
+    assert blocks != {
+        name: (o["BLOCK_M"], o["BLOCK_N"])
+        for name, o in kernels.launch_options(n, d, dtype, arch=90).items()
+    }
+    assert "_backward_dq_kernel" in blocks
+
+
 def test_the_output_is_not_saved_for_the_backward():
     """No backend reads out in the backward (the softmax rowsum comes from P dP): it is not an
     argument of the backward op, and autograd does not keep it (one (Z, H, N, d) activation

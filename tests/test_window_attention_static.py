@@ -86,6 +86,33 @@ def test_long_launches_are_the_sweeps_picks(sweep):
     assert (options["BLOCK_M"], options["num_stages"]) != (64, 3)
 
 
+def test_a100_launches_are_the_sm80_sweeps_picks():
+    """LONG_LAUNCHES_SM80 and SPILLING_SM80 are ``triton_static.pick``'s choices from the
+    committed sm_80 sweep (within an A100 block's shared memory), and a device of compute
+    capability 8.x launches them: ``arch_of`` maps capabilities to the tables."""
+    with triton_static.SWEEP_SM80.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * 4 * (2 + 4 + 4) * 2 * 3
+    picks = triton_static.sweep_picks(rows, 80)
+    assert {key: chosen[:4] for key, chosen in picks.items()} == kernels.LONG_LAUNCHES_SM80
+    assert {key for key, chosen in picks.items() if chosen[4]} == kernels.SPILLING_SM80
+    index = {
+        tuple(r[f] for f in ("kernel", "products", "d", "block_m", "block_n", "warps", "stages")): r
+        for r in rows
+    }
+    for (kernel, products, d), chosen in kernels.LONG_LAUNCHES_SM80.items():
+        row = index[(kernel, products, str(d), *map(str, chosen))]
+        assert int(row["shared"]) <= triton_static.BLOCK_SHARED_LIMIT[80]
+    assert [kernels.arch_of(c) for c in (None, (8, 0), (8, 6), (8, 9), (9, 0), (10, 0))] == [
+        90, 80, 80, 80, 90, 90,
+    ]  # fmt: skip
+    for arch, table in ((80, kernels.LONG_LAUNCHES_SM80), (90, kernels.LONG_LAUNCHES)):
+        options = kernels.launch_options(144, 32, torch.bfloat16, arch=arch)
+        chosen = table[("_backward_kernel", "16-bit", 32)]
+        backward = options["_backward_kernel"]
+        assert (backward["BLOCK_M"], backward["BLOCK_N"], backward["num_warps"]) == chosen[:3]
+
+
 def _row(block_m=32, block_n=32, warps=4, stages=3, registers=128, spill_bytes=0, shared=0):
     return dict(
         kernel="k", products="tf32", d="64", block_m=str(block_m), block_n=str(block_n),

@@ -123,6 +123,53 @@ LONG_LAUNCHES = {
 #: The (kernel, products, d) of LONG_LAUNCHES with no spill-free candidate in the sweep: fp32
 #: with 3-pass TF32 at d = 128, 344 B (backward, was 4,196) and 144 B (dq, was 1,020) a thread.
 SPILLING = {("_backward_kernel", "tf32x3", 128), ("_backward_dq_kernel", "tf32x3", 128)}
+#: LONG_LAUNCHES for GPUs of compute capability 8.x (A100: 164 KiB of shared memory an SM, a
+#: block up to 163 KiB), picked by the same rule from an sm_80 sweep
+#: (``python benchmarks/triton_static.py --arch 80 --sweep --csv
+#: benchmarks/results/triton_sweep_window_attention_sm80.csv``). On sm_80 the sm_90 table's
+#: launches spill in 11 of the 36 (8-460 B a thread) and its fp32 d = 128 dq launch with TF32
+#: (196,608 B) would not launch; these spill only in ``SPILLING_SM80``.
+LONG_LAUNCHES_SM80 = {
+    ("_forward_kernel", "16-bit", 16): (64, 64, 8, 3),
+    ("_forward_kernel", "16-bit", 32): (32, 32, 4, 3),
+    ("_forward_kernel", "16-bit", 64): (32, 32, 4, 3),
+    ("_forward_kernel", "16-bit", 128): (32, 32, 8, 3),
+    ("_forward_kernel", "tf32", 16): (64, 64, 8, 2),
+    ("_forward_kernel", "tf32", 32): (32, 32, 4, 3),
+    ("_forward_kernel", "tf32", 64): (32, 32, 8, 3),
+    ("_forward_kernel", "tf32", 128): (32, 32, 8, 2),
+    ("_forward_kernel", "tf32x3", 16): (32, 32, 4, 3),
+    ("_forward_kernel", "tf32x3", 32): (32, 32, 4, 3),
+    ("_forward_kernel", "tf32x3", 64): (32, 32, 4, 2),
+    ("_forward_kernel", "tf32x3", 128): (32, 32, 8, 3),
+    ("_backward_kernel", "16-bit", 16): (32, 32, 4, 1),
+    ("_backward_kernel", "16-bit", 32): (32, 32, 4, 1),
+    ("_backward_kernel", "16-bit", 64): (32, 32, 8, 2),
+    ("_backward_kernel", "16-bit", 128): (64, 32, 8, 2),
+    ("_backward_kernel", "tf32", 16): (32, 32, 4, 1),
+    ("_backward_kernel", "tf32", 32): (64, 32, 8, 2),
+    ("_backward_kernel", "tf32", 64): (64, 32, 8, 3),
+    ("_backward_kernel", "tf32", 128): (32, 32, 8, 3),
+    ("_backward_kernel", "tf32x3", 16): (32, 64, 8, 1),
+    ("_backward_kernel", "tf32x3", 32): (32, 32, 8, 1),
+    ("_backward_kernel", "tf32x3", 64): (32, 32, 8, 2),
+    ("_backward_kernel", "tf32x3", 128): (32, 32, 8, 1),
+    ("_backward_dq_kernel", "16-bit", 16): (32, 64, 4, 3),
+    ("_backward_dq_kernel", "16-bit", 32): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 64): (32, 64, 8, 3),
+    ("_backward_dq_kernel", "16-bit", 128): (32, 64, 8, 2),
+    ("_backward_dq_kernel", "tf32", 16): (32, 64, 8, 3),
+    ("_backward_dq_kernel", "tf32", 32): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "tf32", 64): (32, 64, 8, 2),
+    ("_backward_dq_kernel", "tf32", 128): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 16): (64, 32, 4, 2),
+    ("_backward_dq_kernel", "tf32x3", 32): (64, 32, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 64): (32, 64, 8, 3),
+    ("_backward_dq_kernel", "tf32x3", 128): (32, 64, 8, 1),
+}
+#: LONG_LAUNCHES_SM80's launches with no spill-free candidate: fp32 with 3-pass TF32 backward at
+#: d = 32 (12 B a thread) and d = 128 (264 B).
+SPILLING_SM80 = {("_backward_kernel", "tf32x3", 32), ("_backward_kernel", "tf32x3", 128)}
 #: The short-window kernels' launches, keyed by (kernel, products, d, block) with block the
 #: padded window (16, 32 or 64 tokens): (warps, CALL_PASS: the backward's per-window pass a
 #: function call rather than inlined). Chosen from an sm_90 compile of every (2, 4 or 8 warps,
@@ -887,18 +934,27 @@ def _products(dtype: torch.dtype, tf32: bool) -> str:
     return "tf32" if tf32 else "tf32x3"
 
 
-def _long_launch(kernel: str, n: int, d: int, dtype: torch.dtype, tf32: bool) -> dict:
-    """BLOCK_M, BLOCK_N, num_warps and num_stages of a blocked kernel (LONG_LAUNCHES) for
-    windows of n tokens: blocks shrink to cover short windows (at least 16), and the warps in
-    proportion (at least 2)."""
-    largest_m, largest_n, warps, stages = LONG_LAUNCHES[(kernel, _products(dtype, tf32), d)]
+def _long_launch(
+    kernel: str, n: int, d: int, dtype: torch.dtype, tf32: bool, arch: int = 90
+) -> dict:
+    """BLOCK_M, BLOCK_N, num_warps and num_stages of a blocked kernel (LONG_LAUNCHES, or
+    LONG_LAUNCHES_SM80 below compute capability 9.0: ``arch`` 80 for 8.x) for windows of n
+    tokens: blocks shrink to cover short windows (at least 16), and the warps in proportion (at
+    least 2)."""
+    table = LONG_LAUNCHES if arch >= 90 else LONG_LAUNCHES_SM80
+    largest_m, largest_n, warps, stages = table[(kernel, _products(dtype, tf32), d)]
     block_m, block_n = _block(n, largest_m), _block(n, largest_n)
     warps = max(2, warps * block_m * block_n // (largest_m * largest_n))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
 
 
 def launch_options(
-    n: int, d: int, dtype: torch.dtype, interpreter: bool = False, tf32: bool = False
+    n: int,
+    d: int,
+    dtype: torch.dtype,
+    interpreter: bool = False,
+    tf32: bool = False,
+    arch: int = 90,
 ) -> dict:
     """The compile-time options of the launches for windows of n tokens, head dim d and
     inputs of ``dtype`` (``tf32``: fp32 products in plain TF32, see ``_dot_options``), by kernel
@@ -918,7 +974,7 @@ def launch_options(
             "_short_forward_kernel": dict(short, num_warps=forward_warps),
             "_short_backward_kernel": dict(short, num_warps=backward_warps, CALL_PASS=call),
         }
-    launch = functools.partial(_long_launch, n=n, d=d, dtype=dtype, tf32=tf32)
+    launch = functools.partial(_long_launch, n=n, d=d, dtype=dtype, tf32=tf32, arch=arch)
     options = {"_forward_kernel": dict(launch("_forward_kernel"), D=d, **dot)}
     backward = dict(launch("_backward_kernel"), D=d, **dot)
     one_key_block = triton.cdiv(n, backward["BLOCK_N"]) == 1
@@ -992,10 +1048,28 @@ def _dummy(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((1,), dtype=torch.float32)
 
 
+def arch_of(capability: tuple[int, int] | None) -> int:
+    """The launch tables' arch for a CUDA compute capability: 90 from 9.0 on (and for None: no
+    GPU, the interpreter), 80 below."""
+    return 90 if capability is None or capability >= (9, 0) else 80
+
+
+@functools.cache
+def _device_arch(index: int) -> int:
+    return arch_of(torch.cuda.get_device_capability(index))
+
+
 def _options(q: torch.Tensor) -> dict:
-    """``launch_options`` for q's shape, dtype, device and torch's TF32 setting."""
+    """``launch_options`` for q's shape, dtype, device (its compute capability) and torch's
+    TF32 setting."""
     n, d = q.shape[-2:]
-    return launch_options(n, d, q.dtype, dispatch.triton_interpreter(), tf32_allowed())
+    interpreter = dispatch.triton_interpreter()
+    cuda = q.device.type == "cuda" and not interpreter
+    arch = 90
+    if cuda:
+        index = q.device.index
+        arch = _device_arch(torch.cuda.current_device() if index is None else index)
+    return launch_options(n, d, q.dtype, interpreter, tf32_allowed(), arch)
 
 
 def _short_chunks(q: torch.Tensor, masks: int) -> tuple[int, int]:

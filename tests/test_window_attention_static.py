@@ -190,16 +190,20 @@ def test_short_pick_takes_each_candidates_worse_n_then_prefers_inlined_passes():
 )
 def test_a_fresh_compile_matches_the_table(table, kernel, dtype, d, n):
     """Two launches (the largest 16-bit one, an fp32 one that compiles in seconds) compiled
-    again here: the same bytes as the table with the same Triton, within the limit with any."""
+    again here as aligned tensors launch them (N divisible by 16 and not): the same bytes as
+    the table with the same Triton, within the limit with any."""
     launch = next(x for x in kernels.static_launches([n], [d], [dtype]) if x[0].__name__ == kernel)
     fn, pointer, constexprs, num_warps, num_stages = launch
     signature = _static.signature_of(fn, constexprs, pointer, triton_static.SCALARS)
-    info = _static.compile_static(
-        fn, signature, constexprs, num_warps=num_warps, num_stages=num_stages
+    shared = max(
+        _static.compile_static(
+            fn, signature, constexprs, num_warps=num_warps, num_stages=num_stages, divisible=marked
+        ).shared
+        for marked in (triton_static.STRIDES, (*triton_static.STRIDES, "N"))
     )
-    assert info.shared <= triton_static.SHARED_LIMIT
+    assert shared <= triton_static.SHARED_LIMIT
     if table["triton"] == triton.__version__:
-        assert info.shared == table["launches"][_key(launch)]["shared"]
+        assert shared == table["launches"][_key(launch)]["shared"]
 
 
 def test_compile_static_reports_resources_and_checks_its_arguments():

@@ -123,13 +123,16 @@ def compile_static(
     num_warps: int = 4,
     num_stages: int = 3,
     resources: bool = False,
+    divisible: tuple[str, ...] | None = None,
 ) -> StaticInfo:
     """Compile ``kernel`` (a ``@triton.jit`` function) for CUDA compute capability ``arch``
     (90: H100) with ``signature`` (name -> Triton type, see ``signature_of``), ``constexprs``
     (name -> value) and the launch options ``num_warps``/``num_stages`` (Triton's defaults: 4,
     3), on any machine: no GPU is used. Returns its shared memory per block; with
     ``resources`` also registers and spills (from the log of Triton's own ptxas run: the
-    kernel is then compiled afresh). Compiled kernels land in Triton's cache, so asking again
+    kernel is then compiled afresh). ``divisible``: compile as Triton's launcher specializes a
+    launch on aligned tensors, every pointer and these integer arguments marked divisible by 16
+    (None: nothing marked). Compiled kernels land in Triton's cache, so asking again
     without ``resources`` is quick. Under TRITON_INTERPRET=1 (the CPU tests) the
     compile runs in a fresh Python process with the interpreter off, the kernel imported there
     from its module by name (a module-level kernel)."""
@@ -150,6 +153,7 @@ def compile_static(
         "num_warps": num_warps,
         "num_stages": num_stages,
         "resources": resources,
+        "divisible": None if divisible is None else list(divisible),
     }
     if _interpreting() or not isinstance(kernel, triton.runtime.JITFunction):
         return _compile_elsewhere(request)
@@ -160,7 +164,15 @@ def _compile(kernel, request: dict) -> StaticInfo:
     from triton.backends.compiler import GPUTarget
 
     arch, constexprs = request["arch"], request["constexprs"]
-    source = triton.compiler.ASTSource(kernel, request["signature"], constexprs)
+    signature, divisible = request["signature"], request.get("divisible")
+    attrs = None
+    if divisible is not None:
+        attrs = {
+            (i,): [["tt.divisibility", 16]]
+            for i, name in enumerate(kernel.arg_names)
+            if signature[name].startswith("*") or name in divisible
+        }
+    source = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
     options = {"num_warps": request["num_warps"], "num_stages": request["num_stages"]}
     if request["resources"]:
         compiled, log = compile_logged(source, arch, options)
@@ -216,13 +228,20 @@ def launch_key(kernel: str, pointer: str, constexprs: dict, num_warps: int, num_
 
 
 def table(
-    module, launches, arch: int = 90, scalars=None, resources: bool = True, progress=None
+    module,
+    launches,
+    arch: int = 90,
+    scalars=None,
+    resources: bool = True,
+    progress=None,
+    divisible: tuple[str, ...] | None = None,
 ) -> dict:
     """Compile ``launches`` ((kernel, pointer type, constexprs, num_warps, num_stages) tuples,
     e.g. a kernel module's ``static_launches``) for ``arch``, float arguments named in
     ``scalars`` (see ``signature_of``): a JSON-ready dict with the Triton version,
     ``source_hash(module)`` and per ``launch_key`` its shared bytes (registers and spills with
-    ``resources``). ``progress(key, info)`` is called after each compile."""
+    ``resources``). ``progress(key, info)`` is called after each compile. ``divisible``: as
+    for ``compile_static``."""
     rows = {}
     for kernel, pointer, constexprs, num_warps, num_stages in launches:
         key = launch_key(kernel.__name__, pointer, constexprs, num_warps, num_stages)
@@ -235,6 +254,7 @@ def table(
             num_warps=num_warps,
             num_stages=num_stages,
             resources=resources,
+            divisible=divisible,
         )
         row = {"shared": info.shared}
         if resources:

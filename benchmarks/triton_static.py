@@ -219,7 +219,7 @@ def sweep(
     return rows
 
 
-SHORT_SWEEP = ROOT / "benchmarks" / "results" / "triton_sweep_short_window_attention_sm90.csv"
+SHORT_SWEEP = RESULTS / "triton_sweep_short_window_attention_sm90.csv"
 SHORT_FIELDS = ("kernel", "products", "d", "block", "warps", "call_pass", "n_divisible")
 SHORT_FIELDS += ("registers", "spill_bytes", "shared")
 #: Short-window head dims (kernels.SHORT_MAX_D and below).
@@ -323,6 +323,13 @@ def worse(first: dict, second: dict) -> dict:
     return merged
 
 
+def _write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE.name}")
@@ -339,19 +346,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.sweep_short:
         rows = sweep_short(args.arch)
-        with SHORT_SWEEP.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=SHORT_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+        _write_csv(SHORT_SWEEP, SHORT_FIELDS, rows)
         for key, chosen in sorted(short_picks(rows).items()):
             print(f"{key}: {chosen[:2]}" + (f"  spills {chosen[2]} B" if chosen[2] else ""))
         return
     if args.sweep:
         rows = sweep(args.arch, tuple(args.kernels.split(",")), tuple(args.products.split(",")))
-        with args.csv.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=SWEEP_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+        _write_csv(args.csv, SWEEP_FIELDS, rows)
         for key, chosen in sorted(sweep_picks(rows, args.arch).items()):
             print(f"{key}: {chosen[:4]}" + (f"  spills {chosen[4]} B" if chosen[4] else ""))
         return

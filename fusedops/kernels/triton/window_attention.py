@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from fusedops import _alloc, dispatch
-from fusedops.kernels.device import groups_to_fill, multiprocessors, tf32_allowed
+from fusedops.kernels.device import device_index, groups_to_fill, multiprocessors, tf32_allowed
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
 MAX_BLOCK = 64
@@ -1065,10 +1065,7 @@ def _options(q: torch.Tensor) -> dict:
     n, d = q.shape[-2:]
     interpreter = dispatch.triton_interpreter()
     cuda = q.device.type == "cuda" and not interpreter
-    arch = 90
-    if cuda:
-        index = q.device.index
-        arch = _device_arch(torch.cuda.current_device() if index is None else index)
+    arch = _device_arch(device_index(q.device)) if cuda else 90
     return launch_options(n, d, q.dtype, interpreter, tf32_allowed(), arch)
 
 

@@ -4,6 +4,7 @@ forward and backward, with a check that the fast path is the one that ran."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -241,6 +242,33 @@ def test_outputs_that_are_views_of_inputs_are_made_by_torch():
     torch.testing.assert_close(program([wide, x])[2], wide.reshape(3, 4)[None, 1:])
 
 
+@contextlib.contextmanager
+def _recording(record):
+    """Inside: each program call first hands its ``JaxProgram`` to ``record``."""
+    from fusedops.xla import program
+
+    original = program.JaxProgram.__call__
+
+    def spy(self, args):
+        record(self)
+        return original(self, args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(program.JaxProgram, "__call__", spy)
+        yield
+
+
+def _traced_copy(eager: torch.nn.Module, record):
+    """(a copy of ``eager``, it under ``partial_trace(fullgraph=True)``, ``_recording(record)``)."""
+    import copy
+
+    from fusedops.xla import partial_trace
+
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    return model, partial_trace(model, fullgraph=True), _recording(record)
+
+
 def test_training_with_saved_weight_views_matches_eager():
     """A tied-embedding masked-LM head (the backward reads the weight's transpose, saved as a
     view of the weight) trains under partial_trace as eagerly, gradients included."""
@@ -256,26 +284,13 @@ def test_training_with_saved_weight_views_matches_eager():
             logits = h @ self.embed.weight.t()
             return F.cross_entropy(logits.view(-1, 11), labels.view(-1), ignore_index=-100)
 
-    import copy
-
-    from fusedops.xla import partial_trace, program
-
     ids = torch.randint(0, 11, (3, 4))
     labels = torch.where(torch.rand(3, 4) < 0.5, ids, -100)
     labels[0, 0] = ids[0, 0]
     eager = Head()
-    model = copy.deepcopy(eager)
-    torch._dynamo.reset()
-    traced = partial_trace(model, fullgraph=True)
     views = []
-    original = program.JaxProgram.__call__
-
-    def spy(self, args):
-        views.extend(node.name for node in self._views)
-        return original(self, args)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(program.JaxProgram, "__call__", spy)
+    model, traced, recording = _traced_copy(eager, lambda p: views.extend(n.name for n in p._views))
+    with recording:
         for _ in range(2):  # the second step runs the compiled programs again
             expected, actual = eager(ids, labels), traced(ids, labels)
             expected.backward()
@@ -286,12 +301,15 @@ def test_training_with_saved_weight_views_matches_eager():
     assert views, "no output was made as a view of an input"
 
 
-def test_permuted_inputs_cross_as_their_dense_base():
+def test_permuted_inputs_cross_as_their_dense_base(monkeypatch):
     """An input that is a permutation of a dense tensor (w.t(), a permuted activation) crosses
     as its base, transposed back inside the program: same results as contiguous inputs, one
-    compiled function per layout; expanded or sliced inputs are made contiguous as before."""
-    from fusedops.xla import bridge
+    compiled function per layout; expanded or sliced inputs are made contiguous as before.
+    (Inputs this small would cross packed: packing is off here.)"""
+    from fusedops.xla import bridge, program
     from fusedops.xla.program import JaxProgram
+
+    monkeypatch.setattr(program, "PACK_MAX_ELEMENTS", 0)
 
     w, x = torch.randn(4, 3), torch.randn(2, 3, 5)
     assert bridge.contiguous_order(w.t()) == (1, 0)
@@ -316,5 +334,99 @@ def test_permuted_inputs_cross_as_their_dense_base():
         got = program([a, b])
         for out, expected in zip(got, fn(a, b)):
             torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-    layouts = sorted(str(layout) for _, layout in program._functions)
+    layouts = sorted(str(layout) for _, layout, _ in program._functions)
     assert layouts == ["((1, 0), (1, 2, 0))", "((1, 0), None)", "None"], layouts
+
+
+def test_small_inputs_and_results_cross_packed(monkeypatch):
+    """On the CPU, inputs and results of at most ``PACK_MAX_ELEMENTS`` elements cross as one
+    flat buffer per dtype each way (a permuted, a sliced and a 0-d input among them), larger
+    ones and views of inputs as before; the results are eager's, and each packed result is a
+    tensor of its own (no view: written in place, it changes nothing else)."""
+    from fusedops.xla import bridge, program
+    from fusedops.xla.program import JaxProgram
+
+    monkeypatch.setattr(program, "PACK_MAX_ELEMENTS", 64)
+
+    def fn(a, b, c, s, n, big):
+        return (a * s, b + 1, c.sum(0), n + 1, (n * 2).view(-1), big * s, big[:2], a.t())
+
+    a, b, c = torch.randn(4, 6), torch.randn(3, 5), torch.randn(7, 3)
+    s, n, big = torch.randn(()), torch.arange(6).view(2, 3), torch.randn(10, 10)
+    gm = _aten_graph(fn, a, b, c, s, n, big)
+    rtol, atol = tolerance(torch.float32, terms=7)  # c.sum(0): XLA's order of 7 terms
+    packed = JaxProgram(gm)
+    packs = [(str(p.dtype), p.positions) for p in packed._in_packs]
+    assert packs == [("torch.float32", (0, 1, 2, 3))], packs
+    assert [(str(p.dtype), len(p.positions)) for p in packed._out_packs] == [
+        ("torch.float32", 3),
+        ("torch.int64", 2),
+    ]
+    crossed = {"to_jax": 0, "to_torch": 0}
+    for name in crossed:
+        original = getattr(bridge, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):
+            crossed[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(bridge, name, spy)
+    # a permuted and a sliced input: packed copies of them, same values
+    calls = [
+        (a, b, c, s, n, big),
+        (a.t().contiguous().t(), b, torch.randn(7, 6)[:, ::2], s, n, big),
+    ]
+    for args in calls:
+        crossed.update(to_jax=0, to_torch=0)
+        outs = packed(list(args))
+        # apart: n (int64 alone among the inputs) and big; one flat float32 buffer
+        assert crossed == {"to_jax": 3, "to_torch": 1}, crossed  # big * s alone comes back
+        for out, expected in zip(outs, fn(*args)):
+            torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+    assert outs[6].data_ptr() == big.data_ptr()  # a view of an input: made by torch
+    for i in (0, 1, 2, 3, 4):  # packed results: tensors of their own
+        assert outs[i]._base is None
+    before = [o.clone() for o in outs[:5]]
+    outs[1].add_(100)
+    for i in (0, 2, 3, 4):
+        torch.testing.assert_close(outs[i], before[i], rtol=0, atol=0)
+    monkeypatch.setenv("FUSEDOPS_XLA_PACK", "0")
+    apart = JaxProgram(gm)
+    assert not apart._in_packs and not apart._out_packs
+    for out, expected in zip(apart(list(calls[0])), fn(*calls[0])):
+        torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+
+
+def test_training_with_packed_crossings_matches_eager():
+    """A small conv net with batch norm (its parameters, statistics and their updates cross
+    packed) trains under partial_trace as eagerly: losses, gradients, running statistics,
+    and in-place updates of its outputs."""
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+    )
+    packs = []
+    model, traced, recording = _traced_copy(
+        eager, lambda p: packs.extend(p._in_packs + p._out_packs)
+    )
+    rtol, atol = tolerance(torch.float32, terms=8 * 4 * 4 * 9)
+    with recording:
+        for _ in range(3):
+            x = torch.randn(2, 3, 4, 4)
+            expected, actual = eager(x), traced(x)
+            expected.mul_(2)  # in place on the output, as a model's caller may
+            actual.mul_(2)
+            expected.square().mean().backward()
+            actual.square().mean().backward()
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol, msg=name)
+            for (name, b), c in zip(eager.named_buffers(), model.buffers()):
+                torch.testing.assert_close(c, b, rtol=rtol, atol=atol, msg=name)
+    assert packs, "nothing crossed packed"

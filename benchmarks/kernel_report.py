@@ -1052,6 +1052,36 @@ def _grouped(rows: list[dict], keep, describe) -> list[str]:
     return lines or ["- none"]
 
 
+_VALUE_ARGUMENT = re.compile(r"^(-?\d+[uUlL]*|true|false)$")
+
+
+def _family(row: dict) -> tuple:
+    """(op, backend, kernel, dtype, arch) of a row, the kernel without the template
+    arguments that are values (vector widths, tile sizes, flags): the instantiations one
+    launcher picks among for the same types (``adam_kernel<__half, float>``)."""
+    name, _, arguments = row["kernel"].partition("<")
+    types = [a.strip() for a in arguments.rstrip(">").split(",") if a.strip()]
+    types = [a for a in types if not _VALUE_ARGUMENT.match(a)]
+    kernel = f"{name}<{', '.join(types)}>" if types else name
+    return (row["op"], row["backend"], kernel, row["dtype"], row["arch"])
+
+
+def _fallbacks(rows: list[dict], keep) -> list[str]:
+    """One markdown line per kernel family (``_family``) among the ``rows`` where
+    ``keep(row)``: how many instantiations, per arch."""
+    counts: dict = {}
+    for row in rows:
+        if keep(row):
+            op, backend, kernel, dtype, arch = _family(row)
+            counts.setdefault((op, backend, kernel, dtype), {}).setdefault(int(arch), 0)
+            counts[(op, backend, kernel, dtype)][int(arch)] += 1
+    lines = []
+    for (op, backend, kernel, dtype), per_arch in sorted(counts.items()):
+        archs = ", ".join(f"{n} at sm_{arch}" for arch, n in sorted(per_arch.items()))
+        lines.append(f"- {op} {backend} `{kernel}` {dtype}: {archs}")
+    return lines or ["- none"]
+
+
 def findings(rows: list[dict]) -> list[str]:
     """Markdown sections listing the rows that break the report's rules: spills or local
     memory; 16-bit bandwidth-bound kernels without 16-byte global loads or stores; attention
@@ -1068,9 +1098,23 @@ def findings(rows: list[dict]) -> list[str]:
         stg = sorted({int(r["stg_bits"]) for r in members})
         return f"widest load {'/'.join(map(str, ldg))} bits, store {'/'.join(map(str, stg))} bits"
 
+    def bandwidth_bound_16bit(row):
+        return row["dtype"] in ("fp16", "bf16") and row["op"] in BANDWIDTH_BOUND
+
+    def wide(row):
+        return min(int(row["ldg_bits"]), int(row["stg_bits"])) >= 128
+
+    # CUDA families (one kernel's instantiations) with a 16-byte instantiation per dtype and
+    # arch: their narrow instantiations are the scalar paths for rows that are not aligned
+    vectorised = {
+        _family(r) for r in rows if r["backend"] == "cuda" and bandwidth_bound_16bit(r) and wide(r)
+    }
+
     def narrow(row):
-        wide = min(int(row["ldg_bits"]), int(row["stg_bits"])) >= 128
-        return row["dtype"] in ("fp16", "bf16") and row["op"] in BANDWIDTH_BOUND and not wide
+        return bandwidth_bound_16bit(row) and not wide(row) and _family(row) not in vectorised
+
+    def fallback(row):
+        return bandwidth_bound_16bit(row) and not wide(row) and _family(row) in vectorised
 
     def products(members):
         return f"ctas/SM {sorted({int(r['ctas_per_sm']) for r in members})}, no mma"
@@ -1080,6 +1124,10 @@ def findings(rows: list[dict]) -> list[str]:
         *_grouped(rows, lambda r: int(r["spill_bytes"]) or int(r["local"]), spilled), "",
         "### 16-bit bandwidth-bound kernels without 16-byte global accesses", "",
         *_grouped(rows, narrow, widths), "",
+        "CUDA instantiations for rows that are not 16-byte aligned (scalar accesses), in "
+        "kernels that also have a 16-byte instantiation of the dtype (which one runs is the "
+        "launcher's choice, by the rows' alignment):", "",
+        *_fallbacks(rows, fallback), "",
         "### Attention matrix products without tensor-core instructions", "",
         *_grouped(
             rows,

@@ -218,16 +218,29 @@ def test_findings_list_what_breaks_the_rules():
         _row(op="window_attention", backend="cuda"),  # its products are cuBLAS calls
     ]
     text = "\n".join(kernel_report.findings(clean))
-    assert text.count("- none") == 3
+    assert text.count("- none") == 4
+    cuda = {"backend": "cuda", "op": "quick_gelu"}
     broken = clean + [
         _row(kernel="spilling", spill_bytes=24, local=24, arch=80),
         _row(kernel="spilling", local=16, arch=80, shape="t"),
         _row(op="deform_conv2d", kernel="narrow", ldg_bits=16),
         _row(op="deform_conv2d", kernel="narrow", dtype="fp16", stg_bits=64),
         _row(op="window_attention", kernel="fma", dtype="fp32"),
+        # a CUDA kernel with a 16-byte instantiation: its scalar one serves unaligned rows
+        _row(**cuda, kernel="ew<__half, 8>", dtype="fp16"),
+        _row(**cuda, kernel="ew<__half, 1>", dtype="fp16", ldg_bits=16, stg_bits=16),
+        _row(**cuda, kernel="ew<__half, 1>", dtype="fp16", ldg_bits=16, arch=80),
+        # ... but not for another dtype, nor another arch, nor other type arguments: findings
+        _row(**cuda, kernel="ew<__nv_bfloat16, 1>", ldg_bits=16, stg_bits=16),
+        _row(**cuda, kernel="ew<__half, float, 1>", dtype="fp16", ldg_bits=32, stg_bits=32),
     ]
     text = "\n".join(kernel_report.findings(broken))
     assert "- none" not in text
+    assert "- quick_gelu cuda `ew<__half>` fp16: 1 at sm_80" not in text  # sm_80 has none
+    assert "- quick_gelu cuda `ew<__half>` fp16: 1 at sm_90" in text
+    assert "- quick_gelu cuda `ew<__half, 1>` fp16 sm_80 (1 rows): widest load 16 bits" in text
+    assert "- quick_gelu cuda `ew<__nv_bfloat16, 1>` bf16 sm_90 (1 rows)" in text
+    assert "- quick_gelu cuda `ew<__half, float, 1>` fp16 sm_90 (1 rows)" in text
     assert (
         "- layer_norm triton `spilling` bf16 sm_80 (2 rows): spill bytes up to 24, "
         "local memory up to 24 B per thread" in text
@@ -238,7 +251,7 @@ def test_findings_list_what_breaks_the_rules():
         in text
     )
     assert "- window_attention triton `fma` fp32 sm_90 (1 rows): ctas/SM [16], no mma" in text
-    assert text.count("\n- ") == 4  # one line per group
+    assert text.count("\n- ") == 8  # one line per group
 
 
 class _CountingJob(kernel_report.Job):

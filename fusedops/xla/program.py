@@ -162,7 +162,7 @@ class _Pack(NamedTuple):
 def _packs(nodes: list, exclude=frozenset()) -> tuple[_Pack, ...]:
     """The packs of ``nodes`` (placeholders or computed results): per dtype of
     ``_PACK_DTYPES``, the CPU tensors of static shape with 1 to ``PACK_MAX_ELEMENTS`` elements,
-    where a dtype has at least two; positions in ``exclude`` stay apart. None where
+    where a dtype has at least two; positions in ``exclude`` stay apart. Empty where
     ``FUSEDOPS_XLA_PACK=0``."""
     if os.environ.get(PACK_ENV, "1").strip().lower() in ("0", "false", "off"):
         return ()

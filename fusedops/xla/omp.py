@@ -32,13 +32,15 @@ import warnings
 
 import torch
 
+from fusedops.xla._env import switched_on
+
 ENV = "FUSEDOPS_XLA_PARK_OMP"
 
 
 def enabled() -> bool:
     """Whether :func:`park` acts: env ``FUSEDOPS_XLA_PARK_OMP`` (on unless ``0``/``false``/
     ``off``), and ``OMP_WAIT_POLICY`` is not ``PASSIVE`` (workers already sleep)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off"):
+    if not switched_on(ENV):
         return False
     return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE"
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import os
 import time
 from typing import NamedTuple
 
@@ -44,6 +43,7 @@ from jax import lax
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from fusedops.xla import bridge, cache, lower, lower_nn, omp, rng, tune
+from fusedops.xla._env import switched_on
 from fusedops.xla.errors import XLATraceError
 
 flatten_dense_tensors = torch._C._nn.flatten_dense_tensors
@@ -164,9 +164,9 @@ def _packs(nodes: list, exclude=frozenset()) -> tuple[_Pack, ...]:
     ``_PACK_DTYPES``, the CPU tensors of static shape with 1 to ``PACK_MAX_ELEMENTS`` elements,
     where a dtype has at least two; positions in ``exclude`` stay apart. Empty where
     ``FUSEDOPS_XLA_PACK=0``."""
-    if os.environ.get(PACK_ENV, "1").strip().lower() in ("0", "false", "off"):
+    if not switched_on(PACK_ENV):
         return ()
-    found: dict[torch.dtype, list[tuple[int, tuple[int, ...]]]] = {}
+    found: dict[torch.dtype, list[tuple[int, tuple[int, ...], int]]] = {}
     for position, node in enumerate(nodes):
         meta = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if position in exclude or not isinstance(meta, torch.Tensor):
@@ -180,15 +180,14 @@ def _packs(nodes: list, exclude=frozenset()) -> tuple[_Pack, ...]:
             and meta.dtype in _PACK_DTYPES
             and 0 < size <= PACK_MAX_ELEMENTS
         ):
-            found.setdefault(meta.dtype, []).append((position, shape))
+            found.setdefault(meta.dtype, []).append((position, shape, size))
     packs = []
     for dtype, members in found.items():
         if len(members) < 2:
             continue
-        sizes = tuple(int(np.prod(shape)) for _, shape in members)
+        positions, shapes, sizes = map(tuple, zip(*members))
         offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
-        positions = tuple(p for p, _ in members)
-        packs.append(_Pack(dtype, positions, tuple(s for _, s in members), offsets, sizes))
+        packs.append(_Pack(dtype, positions, shapes, offsets, sizes))
     return tuple(packs)
 
 
@@ -200,6 +199,12 @@ def _unpack(flat, pack: _Pack) -> list:
     ]
 
 
+def _from_base(value, permutation):
+    """In the program: an input that crossed as ``input.permute(permutation)`` (None: as it
+    is) back in the input's own dim order."""
+    return value if permutation is None else jnp.transpose(value, np.argsort(permutation))
+
+
 def _apart(count: int, packs: tuple[_Pack, ...]) -> tuple[int, ...]:
     """The positions among ``count`` that no pack holds, in order."""
     packed = {p for pack in packs for p in pack.positions}
@@ -207,9 +212,10 @@ def _apart(count: int, packs: tuple[_Pack, ...]) -> tuple[int, ...]:
 
 
 def _packed_inputs(args, layout, packs: tuple[_Pack, ...], apart: tuple[int, ...]) -> list:
-    """What a packed CPU call hands over: the inputs apart (permuted to their dense base where
-    ``layout`` says), then each pack's inputs copied into one flat tensor."""
-    crossing = [args[i].permute(layout[i]) if layout[i] else args[i] for i in apart]
+    """What a packed CPU call hands over: the inputs apart (``layout``: for each of them its
+    permutation to a dense base, or None), then each pack's inputs copied into one flat
+    tensor."""
+    crossing = [args[i].permute(p) if p else args[i] for i, p in zip(apart, layout)]
     with torch.no_grad():
         for pack in packs:
             crossing.append(flatten_dense_tensors([args[i] for i in pack.positions]))
@@ -342,11 +348,11 @@ class JaxProgram:
         packed = on_cpu and bool(self._in_packs or self._out_packs)
         # permuted inputs (a saved weight.t()) cross as their dense base, transposed back in
         # the program, where XLA folds the transpose into its users: no copy
-        layout = tuple(bridge.contiguous_order(a) for a in args)
-        if packed:
+        if packed:  # the packed inputs are copied: their layout does not matter
+            layout = tuple(bridge.contiguous_order(args[i]) for i in self._in_apart)
             crossing = _packed_inputs(args, layout, self._in_packs, self._in_apart)
-            layout = tuple(layout[i] for i in self._in_apart)
         else:
+            layout = tuple(bridge.contiguous_order(a) for a in args)
             crossing = [a.permute(p) if p else a for a, p in zip(args, layout)]
         key = (device, layout if any(layout) else None, packed)
         # default_device places the uncommitted inputs (NumPy views, seed, constants) and so the
@@ -396,8 +402,7 @@ class JaxProgram:
     def _run_permuted(self, layout, seed, *args):
         """``_run`` on inputs that crossed as ``input.permute(p)`` (``layout``: p or None per
         input): each is transposed back first."""
-        args = [a if p is None else jnp.transpose(a, np.argsort(p)) for a, p in zip(args, layout)]
-        return self._run(seed, *args)
+        return self._run(seed, *map(_from_base, args, layout))
 
     def _run_packed(self, layout, seed, *args):
         """``_run`` for a packed CPU call: ``args`` are the inputs crossing apart (in
@@ -407,7 +412,7 @@ class JaxProgram:
         apart = len(self._in_apart)
         inputs = [None] * len(self.placeholders)
         for position, value, p in zip(self._in_apart, args[:apart], layout or (None,) * apart):
-            inputs[position] = value if p is None else jnp.transpose(value, np.argsort(p))
+            inputs[position] = _from_base(value, p)
         for pack, flat in zip(self._in_packs, args[apart:]):
             for position, value in zip(pack.positions, _unpack(flat, pack)):
                 inputs[position] = value

@@ -22,11 +22,12 @@ nothing but time. A candidate this jaxlib does not know (compile option refused)
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 
 import jax
+
+from fusedops.xla._env import switched_on
 
 DEFAULT = "ynnpack"
 
@@ -72,7 +73,7 @@ def candidates(convolution: bool) -> dict[str, dict[str, str]]:
 
 def enabled() -> bool:
     """Whether CPU programs choose their dot library (env ``FUSEDOPS_XLA_CPU_TUNE``, on)."""
-    return os.environ.get("FUSEDOPS_XLA_CPU_TUNE", "1").strip().lower() not in ("0", "false", "off")
+    return switched_on("FUSEDOPS_XLA_CPU_TUNE")
 
 
 def _timed(function: Callable, args) -> tuple[float, object]:

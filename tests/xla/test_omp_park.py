@@ -5,7 +5,6 @@ off by env; the warning for runtimes it cannot handle, once) and called by every
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 import warnings
@@ -87,16 +86,22 @@ def test_park_stops_the_spinning_and_the_next_op_restores_it(two_threads):
     # reversible: torch's next op runs its own team size and the extra threads exit
     _parallel_op(x)
     assert _settled_threads(before) == before
-    # interleaved, medians of 5: on a loaded machine a worker now and then misses a region
+    # interleaved, 5 rounds. A worker does not spin after every plain op: on the 2-vCPU Intel
+    # machine of 2026-11-26 about one plain op in five showed no spinning at all, and the op
+    # right after a park mostly none (its extra thread exits during that op; from the next one
+    # on the workers spin again, as the module says). So: after a park never (each round), and
+    # after plain ops, and after the op that follows a park, in some round.
     plain, parked, restored = [], [], []
     for _ in range(5):
         plain.append(_spin_ms(x, lambda: None))
         parked.append(_spin_ms(x, omp.park))
-        restored.append(_spin_ms(x, lambda: None))  # a plain op after a park spins again
+        _parallel_op(x)  # the op after the park: its extra thread exits
+        _settled_threads(before)
+        restored.append(_spin_ms(x, lambda: None))
     # libgomp's default: 300,000 spins (ms on x86); throttled after park: 100
-    parked_ms = statistics.median(parked)
-    assert statistics.median(plain) > 10 * parked_ms, (plain, parked)
-    assert statistics.median(restored) > 10 * parked_ms, (restored, parked)
+    parked_ms = max(parked)
+    assert max(plain) > 10 * parked_ms, (plain, parked)
+    assert max(restored) > 10 * parked_ms, (restored, parked)
 
 
 @needs_libgomp

@@ -153,10 +153,11 @@ def make_forward(backend: str, model: nn.Module):
     return torch.compile(model, dynamic=False)
 
 
-def time_backend(backend: str, model: nn.Module, x, steps: int):
+def time_backend(backend: str, model: nn.Module, x, steps: int, record: dict | None = None):
     """Forward+backward ms of each of ``steps`` steps (after 2 warm-up steps) and the first
     call's seconds, for one backend. The loss is the model's output where that is 0-dim, else
-    mean(output**2)."""
+    mean(output**2). ``record`` (a dict) gets ``"picks"``: under partial_trace on the CPU, how
+    each region runs (``"xla"`` or ``"eager"``, ``fusedops.xla.pick``), else empty."""
     forward = make_forward(backend, model)
     cuda = next(model.parameters()).device.type == "cuda"
 
@@ -177,6 +178,9 @@ def time_backend(backend: str, model: nn.Module, x, steps: int):
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
+    if record is not None:
+        stats = getattr(forward, "stats", None)
+        record["picks"] = [p["pick"] for p in stats.picks] if stats is not None else []
     return times, compile_s
 
 
@@ -185,7 +189,7 @@ def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> d
     fresh process (so that OpenMP / XLA thread pools of different backends never run side by
     side), with OMP_WAIT_POLICY=wait_policy ("" leaves OpenMP's default, as the caller's
     environment has it or not); ``xla_jax_first`` imports jax before torch. Returns
-    {"ms": [per-step ms], "compile_s"}."""
+    {"ms": [per-step ms], "compile_s", "picks": [each region's "xla" or "eager"]}."""
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch on a GPU
     env.pop("OMP_WAIT_POLICY", None)
@@ -198,8 +202,8 @@ def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> d
         "from benchmarks import bench_xla as b; torch.manual_seed(0); "
         "m, batch, device, dtype = sys.argv[4:8]; "
         "name, model, x = b.build_case(m, int(batch), device, dtype); "
-        "ms, c = b.time_backend(sys.argv[2], model, x, int(sys.argv[3])); "
-        "print('RESULT', json.dumps({'ms': ms, 'compile_s': c}))"
+        "record = {}; ms, c = b.time_backend(sys.argv[2], model, x, int(sys.argv[3]), record); "
+        "print('RESULT', json.dumps({'ms': ms, 'compile_s': c, **record}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(ROOT), backend, str(steps), *case],
@@ -318,7 +322,8 @@ def main() -> None:
         f"fusedops.xla {args.device.upper()} benchmark  {datetime.datetime.now():%Y-%m-%d %H:%M}"
         f"  {device}  torch {torch.__version__}  load average at start {load:.2f}  "
         f"OMP_WAIT_POLICY={args.omp_wait_policy or '(default)'} for every backend, "
-        f"{os.environ.get('FUSEDOPS_XLA_PARK_OMP') or 'default'} FUSEDOPS_XLA_PARK_OMP"
+        f"{os.environ.get('FUSEDOPS_XLA_PARK_OMP') or 'default'} FUSEDOPS_XLA_PARK_OMP, "
+        f"{os.environ.get('FUSEDOPS_XLA_CPU_PICK') or 'default'} FUSEDOPS_XLA_CPU_PICK"
     )
     bridge = bridge_overhead_us()
     say("bridge crossing cost: " + ", ".join(f"{k}={v:.1f}" for k, v in bridge.items()))
@@ -372,6 +377,10 @@ def _run_models(args, backends, models, device, path, bridge, say) -> int:
             )
             if backend.startswith("xla"):
                 notes += "; " + "; ".join(f"{k}={v:.1f}" for k, v in bridge.items())
+                picks = runs[backend][0].get("picks", [])
+                regions = f"regions run as eager/xla: {picks.count('eager')}/{picks.count('xla')}"
+                notes += f"; {regions} (first process; fusedops.xla.pick)"
+                say(f"{'':28} {backend:14} {regions}")
             rows.append([today, device, name, backend, f"{ms:.3f}", f"{compile_s:.2f}", notes])
         _append(path, rows)  # each model's rows as soon as they exist (a later one may fail)
         written += len(rows)

@@ -20,6 +20,10 @@ def _gpu_present() -> bool:
 
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if _gpu_present() else "1")
+# partial_trace's regions run as XLA in the tests: on the CPU they would otherwise run as
+# eager torch wherever that measured faster (fusedops.xla.pick), and the tests of the XLA
+# lowerings would test torch; tests/xla/test_pick.py turns the choice on where it tests it
+os.environ.setdefault("FUSEDOPS_XLA_CPU_PICK", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

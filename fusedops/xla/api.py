@@ -44,7 +44,11 @@ def partial_trace(
     (``fusedops.xla.omp.park``; they spin after each torch op and would take the cores XLA's
     own threads need): no ``OMP_WAIT_POLICY`` needed, eager ops keep OpenMP's defaults. On CPU
     each program's first call also picks its dot library (``fusedops.xla.tune``;
-    ``FUSEDOPS_XLA_CPU_TUNE=0`` turns that off).
+    ``FUSEDOPS_XLA_CPU_TUNE=0`` turns that off), and each region's first call times it as XLA
+    and as eager torch, forward and backward, and keeps the faster for its later calls
+    (``fusedops.xla.pick``: XLA:CPU's matrix products lose to torch's on some CPUs; the trials
+    leave buffers and the random state as they were; ``stats.picks`` says what each region
+    runs as; ``FUSEDOPS_XLA_CPU_PICK=0`` keeps XLA everywhere).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
 
     Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or

@@ -4,7 +4,9 @@ Dynamo hands each static region (guards, graph breaks) to AOTAutograd, which dec
 core ATen, splits forward from backward and handles saved activations and mutated buffers. Each
 forward and each backward graph becomes one ``JaxProgram``. Graphs with ops outside the lowering
 table are split (``CapabilityBasedPartitioner``) into XLA islands and eager ops, with one warning
-naming the ops; under ``fullgraph=True`` they raise ``UnsupportedOpsError`` instead.
+naming the ops; under ``fullgraph=True`` they raise ``UnsupportedOpsError`` instead. On the
+CPU each region then runs as its XLA programs or as eager torch, whichever its first call
+measured faster (``pick``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupport
 
-from fusedops.xla import lower
+from fusedops.xla import lower, pick
 from fusedops.xla.errors import UnsupportedOpsError, XLATraceError
 from fusedops.xla.program import JaxProgram, unsupported_ops
 
@@ -50,11 +52,13 @@ def recompile_limit() -> int:
 @dataclass
 class Stats:
     """What one traced function compiled: ``programs`` (XLA programs, forward and backward
-    counted apart), ``regions`` (Dynamo graphs), ``eager_ops`` (ops left to eager torch)."""
+    counted apart), ``regions`` (Dynamo graphs), ``eager_ops`` (ops left to eager torch),
+    ``picks`` (on the CPU, one per region timed so far: XLA or eager, ``pick.RegionPick``)."""
 
     programs: int = 0
     regions: int = 0
     eager_ops: set[str] = field(default_factory=set)
+    picks: list[dict] = field(default_factory=list)
     warned_recompiles: bool = False
     compiled: list = field(default_factory=list, repr=False)
 
@@ -236,6 +240,11 @@ def _bake_constants(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor]
     return keep
 
 
+def _on_cpu(example_inputs) -> bool:
+    """Whether every tensor among a region's example inputs is a CPU tensor."""
+    return all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
+
+
 def make_backend(
     stats: Stats,
     *,
@@ -255,6 +264,9 @@ def make_backend(
         aot = aot_autograd(
             fw_compiler=fw, bw_compiler=bw, inference_compiler=fw, decompositions=decompositions()
         )
-        return aot(gm, example_inputs)
+        compiled = aot(gm, example_inputs)
+        if not pick.enabled() or not _on_cpu(example_inputs):
+            return compiled
+        return pick.RegionPick(gm, compiled, stats.picks, constants)
 
     return backend

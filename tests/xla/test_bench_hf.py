@@ -28,8 +28,10 @@ def test_hf_case_trains_one_step_eagerly(name):
     model, batch = hf_models.build(name, hf_models.Size.tiny())
     loss = model(batch)
     assert loss.dim() == 0 and math.isfinite(loss.item())
-    ms, compile_s = bench_xla.time_backend("eager", model, batch, steps=1)
+    record = {}
+    ms, compile_s = bench_xla.time_backend("eager", model, batch, steps=1, record=record)
     assert len(ms) == 1 and ms[0] > 0 and compile_s > 0
+    assert record == {"picks": []}  # no partial_trace, no regions
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
 

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 #: in each rank: compiled programs cached where the parent's are, no dot-library timing
-ENV = {"FUSEDOPS_XLA_CPU_TUNE": "0"}
+#: the CPU's choice between XLA and eager (fusedops.xla.pick) switched on: with several ranks
+#: it must keep XLA untimed, which the checks of the XLA programs' calls below rely on
+ENV = {"FUSEDOPS_XLA_CPU_TUNE": "0", "FUSEDOPS_XLA_CPU_PICK": "1"}
 STEPS = 3
 WIDTH = 512  # a WIDTH x WIDTH fp32 layer is 1 MiB: DDP's smallest bucket cap, one bucket each
 
@@ -131,6 +133,7 @@ def _ddp_partial_trace(rank: int, world: int, seed: int) -> None:
     buckets = {e[1] for e in events if e[0] == "allreduce"}
     assert len(backward) >= 2 and len(reduces) == len(buckets) >= 3, events
     assert reduces[0] < backward[-1], events
+    assert traced.module.backbone.stats.picks == [], where  # several ranks: XLA, untimed
 
 
 def _ddp_no_sync_accumulation(rank: int, world: int, seed: int) -> None:

@@ -191,8 +191,9 @@ class _Unrestorable(Exception):
 
 
 def _timed(candidates: dict[str, Callable], args) -> dict[str, float]:
-    """Each candidate's best seconds over interleaved trials (one untimed first, which
-    compiles), as many rounds as ``tune``'s budget allows."""
+    """Each candidate's best seconds over rounds of trials (one untimed run each first, which
+    compiles), as many rounds as ``tune``'s budget allows; in each round each candidate runs
+    twice in a row and the second run is timed."""
     trial = _Trial(args)
     try:
         for function in candidates.values():
@@ -203,6 +204,9 @@ def _timed(candidates: dict[str, Callable], args) -> dict[str, float]:
             if round_index == rounds:
                 break
             for name, function in candidates.items():
+                # a run right after the other candidate's shares the cores with its idle
+                # threads (OpenMP's or XLA's, still spinning): that one is not timed
+                trial.run(function)
                 best[name] = min(best[name], trial.run(function))
             if round_index == 0:
                 quickest = min(best.values())

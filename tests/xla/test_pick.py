@@ -93,7 +93,9 @@ def test_eager_pick_gives_eager_bit_for_bit(monkeypatch, program_calls):
         _assert_equal_state(model, reference)
         assert int(model[1].num_batches_tracked) == step + 1
         if step == 0:
-            assert program_calls == ["forward", "backward"] * 2  # the XLA trials, untimed first
+            # the XLA trials: the compiling run, then one round (times of 1 s and 2 s use up
+            # the budget): an untimed run and a timed one
+            assert program_calls == ["forward", "backward"] * 3
         program_calls.clear()
     assert program_calls == []  # the second step ran eagerly
     assert [p["pick"] for p in traced.stats.picks] == [pick.EAGER]
@@ -104,7 +106,7 @@ def test_xla_pick_runs_the_programs_as_without_trials(monkeypatch, program_calls
     model, untimed_model, traced, x = _traced_net()
     seeds = [int(torch.randint(0, 2**31, (), device="cpu")) for _ in range(2)]
     outs = [_step(traced, x, seed) for seed in seeds]
-    assert program_calls.count("forward") == 2 + 1 + 1  # 2 trials, then 2 steps
+    assert program_calls.count("forward") == 3 + 1 + 1  # 3 trials, then 2 steps
     assert [p["pick"] for p in traced.stats.picks] == [pick.XLA]
     monkeypatch.setenv(pick.PICK_ENV, "0")
     torch._dynamo.reset()

@@ -10,8 +10,10 @@ and inductor as users run them; partial_trace with what it sets up itself, ``fus
 so load drifts of a shared machine hit every backend alike; the 20th percentile shows speed
 with bursts of load (the 2-core CPU machine has steps 1.9x the fastest) left out. Backend
 ``xla_jax_first`` is partial_trace in a process that imports jax before torch (``xla``:
-torch first). Also the bridge's cost per tensor crossing (cached parameter torch->JAX, activation
-torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
+torch first); partial_trace's rows say how many of its regions ran as eager torch and as XLA
+in its first process (on the CPU each region picks the faster on its first call,
+``fusedops.xla.pick``). Also the bridge's cost per tensor crossing (cached parameter
+torch->JAX, activation torch->JAX, JAX->torch, on the CPU). Prints a table, appends rows to
 ``benchmarks/results/cpu-xla.csv`` (GPU: ``<gpu>_xla.csv``) and the printed output to the
 ``.log`` beside it.
 

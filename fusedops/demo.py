@@ -150,8 +150,11 @@ def run_config(config: str, steps: int, batch: int, device: str) -> dict:
     else:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         memory_kind = "process peak RSS"
+    stats = getattr(forward, "stats", None)
     return {
         "config": config,
+        # partial_trace: how each region ran ("xla" or "eager", fusedops.xla.pick)
+        "regions": [p["pick"] for p in stats.picks] if stats is not None else [],
         "step_ms": 1e3 * statistics.median(times[1:] or times),
         "first_step_ms": 1e3 * times[0],
         "peak_mb": peak_mb,
@@ -204,7 +207,13 @@ def _print_table(rows: list[dict]) -> None:
         )
         for op, backend in sorted(row["backends"].items()):
             print(f"  {op:<20} ran on {backend}")
-        if not row["backends"]:
+        eager = row.get("regions", []).count("eager")
+        if not row["backends"] and eager:
+            print(
+                f"  {eager} of its {len(row['regions'])} regions ran as eager torch, which their "
+                "first call measured faster than XLA here (FUSEDOPS_XLA_CPU_PICK=0 keeps XLA)"
+            )
+        elif not row["backends"]:
             print("  no fusedops kernel ops ran: forward and backward were XLA programs (JAX)")
 
 

@@ -221,3 +221,19 @@ def test_cuda_extension_is_one_set_of_files_per_op():
         if text is not None:
             broken[name] = text
         assert any(problem in found for found in _extension_layout_problems(broken)), name
+
+
+def test_demo_table_says_which_regions_ran_as_what(capsys):
+    from fusedops import demo
+
+    def row(config: str, regions: list[str]) -> dict:
+        return {
+            "config": config, "regions": regions, "step_ms": 1.0, "first_step_ms": 2.0,
+            "peak_mb": 3.0, "memory_kind": "process peak RSS", "final_loss": 0.5,
+            "backends": {}, "optimizer": "torch.optim.AdamW", "layer_norm_class": "LayerNorm",
+        }  # fmt: skip
+
+    demo._print_table([row("plain PyTorch", []), row("partial_trace(xla)", ["eager", "xla"])])
+    assert "1 of its 2 regions ran as eager torch" in capsys.readouterr().out
+    demo._print_table([row("plain PyTorch", []), row("partial_trace(xla)", ["xla"])])
+    assert "forward and backward were XLA programs" in capsys.readouterr().out

@@ -200,8 +200,9 @@ def test_kept_fraction_and_scale(p):
 def test_portable_mask_is_the_philox_mask_on_native(monkeypatch, how):
     """portable_mask=True (or FUSEDOPS_PORTABLE_DROPOUT=1) gives native the reference's Philox
     mask bit for bit, forward and backward. Without it native draws ``native_drop_mask``: on
-    the CPU torch's bernoulli mask (other bits), on other devices the Philox words themselves
-    (no host sync), so there the flag changes nothing (the 2026-11-26 H200 run: equal)."""
+    the CPU torch's uniform numbers below p (other bits), on other devices the Philox words
+    themselves (no host sync), so there the flag changes nothing (the 2026-11-26 H200 run:
+    equal)."""
     kwargs = {"portable_mask": True} if how == "argument" else {}
     if how == "env":
         monkeypatch.setenv("FUSEDOPS_PORTABLE_DROPOUT", "1")
@@ -218,7 +219,7 @@ def test_portable_mask_is_the_philox_mask_on_native(monkeypatch, how):
     default = fusedops.bias_dropout_add(x, bias, residual, 0.5, backend="native") == residual
     assert torch.equal(default, native_drop_mask(_seed_of_next_call(4), 0.5, x.shape))
     philox_drop = out == residual
-    if DEVICE.type == "cpu":  # torch's bernoulli: other bits
+    if DEVICE.type == "cpu":  # torch's uniform numbers: other bits
         assert not torch.equal(default, philox_drop)
     else:  # the Philox words: portable_mask changes nothing
         assert torch.equal(default, philox_drop)
@@ -227,9 +228,10 @@ def test_portable_mask_is_the_philox_mask_on_native(monkeypatch, how):
 
 
 def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
-    """The native drop mask is torch's bernoulli from the seed's key (CPU; the Philox words on other
-    devices): the same seed, the same mask; dropped elements are 0 even where x is NaN/inf, in
-    eager mode (torch's autograd) and in the custom op (the native namespace)."""
+    """The native drop mask is torch's uniform numbers below p from the seed's key (CPU; the
+    Philox words on other devices): the same seed, the same mask; dropped elements are 0 even
+    where x is NaN/inf, in eager mode (torch's autograd) and in the custom op (the native
+    namespace)."""
     seed = draw_seed(DEVICE)
     first, again = (native_drop_mask(seed, 0.3, (50, 40)) for _ in range(2))
     assert torch.equal(first, again) and first.shape == (50, 40)
@@ -238,7 +240,7 @@ def test_native_mask_is_seeded_by_the_op_seed_and_drops_nan():
         # a fresh generator seeded with the key, whatever masks this thread drew before
         native_drop_mask(draw_seed(DEVICE), 0.7, (3, 5))
         fresh = torch.Generator().manual_seed(seed.tolist()[0])
-        expected = torch.empty((50, 40), dtype=torch.bool).bernoulli_(0.3, generator=fresh)
+        expected = torch.rand((50, 40), generator=fresh) < 0.3
         assert torch.equal(native_drop_mask(seed, 0.3, (50, 40)), expected)
     x = torch.full((50, 40), float("nan"), device=DEVICE)
     x[::2] = float("inf")

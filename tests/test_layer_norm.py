@@ -284,13 +284,15 @@ def _eager_calls_use_the_cpp_autograd_op(monkeypatch, op, weight_dtype):
 
 
 def _count_python_function_forwards(monkeypatch):
-    """A list that gets an entry each time the LayerNorm/RMSNorm autograd.Function's forward
-    runs. The eager path calls the Function through the C ``apply`` (ops/_define.py), which
-    looks ``forward`` up on the class: patching ``apply`` would count nothing."""
+    """A list that gets an entry each time a LayerNorm/RMSNorm Python autograd.Function's
+    forward runs: the op's Function, or the eager path's ``_PickedNormFunction``. The eager path
+    calls them through the C ``apply`` (ops/_define.py), which looks ``forward`` up on the
+    class: patching ``apply`` would count nothing."""
     from fusedops.ops import layer_norm as ops
 
     python_calls = []
-    for function in (ops.LAYER_NORM.function, ops.RMS_NORM.function):
+    functions = (ops.LAYER_NORM.function, ops.RMS_NORM.function, ops._PickedNormFunction)
+    for function in functions:
         forward = function.forward
         monkeypatch.setattr(
             function, "forward", staticmethod(lambda *a, f=forward: python_calls.append(1) or f(*a))

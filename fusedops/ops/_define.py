@@ -285,7 +285,7 @@ def _function(forward, backward, setup, grads, reshape) -> dict:
 
     return {
         "forward": staticmethod(function_forward),
-        "backward": staticmethod(_once_differentiable(body)),
+        "backward": staticmethod(lean_once_differentiable(body)),
     }
 
 
@@ -321,11 +321,11 @@ def _reshaping_function(forward, backward, setup, grads, reshape) -> dict:
 
     return {
         "forward": staticmethod(function_forward),
-        "backward": staticmethod(_once_differentiable(body)),
+        "backward": staticmethod(lean_once_differentiable(body)),
     }
 
 
-def _once_differentiable(body: Callable) -> Callable:
+def lean_once_differentiable(body: Callable) -> Callable:
     """``once_differentiable(body)`` without its per-call cost where it changes nothing: the
     autograd engine runs a backward with grad mode off unless ``create_graph=True``, and then
     torch's wrapper adds only a ``no_grad`` block around a body already running without grad.

@@ -52,7 +52,7 @@ import torch
 
 from fusedops import dispatch
 from fusedops.ops._checks import FLOAT_DTYPES, check_same_device, check_tensor
-from fusedops.ops._define import define_op
+from fusedops.ops._define import apply_function, define_op, lean_once_differentiable
 from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
@@ -385,19 +385,85 @@ def _cuda_extension(chosen, name, x, weight, bias, n):
     return impl if impl.takes_params(x, weight, bias) else None
 
 
+class _PickedNormFunction(torch.autograd.Function):
+    """LayerNorm/RMSNorm (plain) in eager mode on the implementation the forward's dispatch
+    picked (a kernel backend whose autograd is not the extension's C++ op, or the reference):
+    the eager Function's work with nothing per call beyond it. The implementation travels on
+    ctx (the backward runs the forward's backend without asking the dispatch rule again, as
+    the Function's ``ctx.backend`` does); x is flattened to rows and the parameters to (N,)
+    here, where autograd records no view nodes; y is returned in x's shape (not a view, so it
+    may be modified in place) and the gradients in the inputs' shapes.
+
+    forward(ctx, x, weight, bias, eps, impl, rms, n): x (..., *normalized_shape); weight, bias
+    of normalized_shape or None (bias None for RMSNorm); impl: the backend's namespace; n: the
+    number of elements a row (normalized_shape's)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, impl, rms, n):
+        rows, (w, b) = _flatten(x, (weight, bias), n)
+        if rms:
+            y, rstd = impl.rms_norm_forward(rows, w, eps)
+            mean = None
+        else:
+            y, mean, rstd = impl.layer_norm_forward(rows, w, b, eps)
+        ctx.save_for_backward(rows, w, b, mean, rstd)
+        ctx.impl, ctx.rms = impl, rms
+        ctx.x_shape, ctx.param_shape = x.shape, None if weight is None else weight.shape
+        if y.shape == x.shape:
+            return y
+        # a tensor of its own, not a view (see _reshaping_function in ops/_define.py)
+        return torch.ops.aten._unsafe_view(y, x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _picked_norm_backward(ctx, dy)
+
+
+def _picked_norm_body(ctx, dy):
+    rows, w, b, mean, rstd = ctx.saved_tensors
+    dy = (dy if dy.shape == rows.shape else dy.reshape(rows.shape)).contiguous()
+    if ctx.rms:
+        dx, dw = ctx.impl.rms_norm_backward(dy, rows, w, rstd)
+        db = None
+    else:
+        dx, dw, db = ctx.impl.layer_norm_backward(dy, rows, w, b, mean, rstd)
+    if dx.shape != ctx.x_shape:
+        dx = dx.view(ctx.x_shape)
+    shape = ctx.param_shape
+    if shape is not None and len(shape) != 1:
+        dw = None if dw is None else dw.view(shape)
+        db = None if db is None else db.view(shape)
+    return dx, dw, db, None, None, None, None
+
+
+_picked_norm_backward = lean_once_differentiable(_picked_norm_body)
+
+
+def _picked(name, chosen, x, weight, bias, eps, rms, n):
+    """y from ``_PickedNormFunction`` on backend ``chosen``'s implementation."""
+    impl = dispatch.implementation(name, chosen)
+    return apply_function(_PickedNormFunction, (x, weight, bias, eps, impl, rms, n))
+
+
 def _layer_norm_eager(x, weight, bias, eps, backend, shape):
     """Plain eager mode: torch's LayerNorm with torch's autograd where native is picked (form
-    (b)), the extension's op with its C++ autograd where cuda is; None: the Function."""
+    (b)), the extension's op with its C++ autograd where cuda is and takes the parameters,
+    ``_PickedNormFunction`` elsewhere; None (the op's Function) for rows of one element on
+    native."""
     n = math.prod(shape)
     chosen = dispatch.pick("layer_norm", x, backend=backend)
-    if chosen == "native" and n > 1:
+    if chosen == "native":
+        if n == 1:
+            return None
         if _torch_takes_as_is(x, weight, bias):
             # under CUDA autocast torch's layer_norm returns float32; the op's output keeps
             # x's dtype on every backend
             return as_dtype(torch.layer_norm(x, shape, weight, bias, eps), x.dtype)
         return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
     cuda = _cuda_extension(chosen, "layer_norm", x, weight, bias, n)
-    return None if cuda is None else cuda.norm_with_autograd(x, weight, bias, n, eps, False)
+    if cuda is not None:
+        return cuda.norm_with_autograd(x, weight, bias, n, eps, False)
+    return _picked("layer_norm", chosen, x, weight, bias, eps, False, n)
 
 
 def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
@@ -409,7 +475,9 @@ def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
         return as_dtype(torch.rms_norm(_up(x), shape, _up(weight), eps), x.dtype)
     n = math.prod(shape)
     cuda = _cuda_extension(chosen, "rms_norm", x, weight, None, n)
-    return None if cuda is None else cuda.norm_with_autograd(x, weight, None, n, eps, True)
+    if cuda is not None:
+        return cuda.norm_with_autograd(x, weight, None, n, eps, True)
+    return _picked("rms_norm", chosen, x, weight, None, eps, True, n)
 
 
 LAYER_NORM = define_op(

@@ -1,5 +1,6 @@
 """Swin window ops and the Swin attention softmax at Swin-T's four stages (batch 128, 224 px,
-window 7, shift 3): fusedops (cuda, triton) vs torch eager vs torch.compile of the eager code.
+window 7, shift 3): fusedops (cuda, triton, and native: the automatic pick until a kernel passes
+the GPU suite) vs torch eager vs torch.compile of the eager code.
 
 Window ops: ``window_partition_roll`` (eager: roll + partition) and ``window_reverse_roll``
 (eager: reverse + roll) on the (128, H, W, C) maps 56x56x96, 28x28x192, 14x14x384, 7x7x768;
@@ -74,6 +75,7 @@ def window_providers():
     return {
         "fusedops-cuda": fused("cuda"),
         "fusedops-triton": fused("triton"),
+        "fusedops-native": fused("native"),
         "torch-eager": (eager_partition, eager_reverse),
         "torch-compile": (compiled(eager_partition), compiled(eager_reverse)),
     }
@@ -88,6 +90,7 @@ def softmax_providers():
     return {
         "fusedops-cuda": fused("cuda"),
         "fusedops-triton": fused("triton"),
+        "fusedops-native": fused("native"),
         "torch-eager": eager_softmax,
         "torch-compile": compiled(eager_softmax),
     }

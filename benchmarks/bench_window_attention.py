@@ -5,6 +5,10 @@ window case (N = 144); forward and forward+backward, bf16 and fp32; time and pea
 Providers (all compute softmax(q k^T * scale + bias + mask[z % nW]) v):
 - fusedops-triton / fusedops-cuda: ``fusedops.window_attention`` (bias (H, N, N) and mask
   (nW, N, N) read as they are);
+- fusedops-native: ``fusedops.window_attention(backend="native")``, the automatic pick until a
+  kernel passes the GPU suite: torch's matmuls around ``aten._safe_softmax`` (fully masked
+  rows give zeros), which on CUDA makes more passes over the scores than torch-eager's softmax
+  (the promise: no slower than torch-eager);
 - torch-eager: Swin's own code: matmul, add bias, add mask through a (B, nW, H, N, N) view,
   softmax, matmul;
 - torch-sdpa: ``F.scaled_dot_product_attention`` with the combined (B*nW, H, N, N) float mask,
@@ -49,7 +53,14 @@ CASES = {
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DIRECTIONS = ("fwd", "fwd+bwd")
-PROVIDERS = ("fusedops-triton", "fusedops-cuda", "torch-eager", "torch-sdpa", "torch-compile")
+PROVIDERS = (
+    "fusedops-triton",
+    "fusedops-cuda",
+    "fusedops-native",
+    "torch-eager",
+    "torch-sdpa",
+    "torch-compile",
+)
 
 
 def eager_attention(q, k, v, bias, mask):
@@ -78,6 +89,7 @@ def providers() -> dict:
     return {
         "fusedops-triton": lambda *a: fusedops.window_attention(*a, backend="triton"),
         "fusedops-cuda": lambda *a: fusedops.window_attention(*a, backend="cuda"),
+        "fusedops-native": lambda *a: fusedops.window_attention(*a, backend="native"),
         "torch-eager": eager_attention,
         "torch-sdpa": sdpa_attention,
         "torch-compile": compiled(eager_attention),

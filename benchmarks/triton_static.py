@@ -15,7 +15,10 @@ unroll into long FMA code): run it after changing the kernels or their block cho
 ``--sweep`` compiles every candidate launch of the blocked kernels (windows longer than the
 short kernels take, or d = 128) at 144-token windows: query and key blocks of 32 or 64, 4 or 8
 warps, 1 to 3 stages, per kernel, products (bf16 for 16-bit, fp32 with TF32, fp32 with
-3-pass TF32) and d. They are compiled as a launch on aligned tensors is: pointers, strides and
+3-pass TF32) and d; where every one of a (kernel, products, d)'s candidates spills, a second tier
+with a 16-token block on one side or both and 2 to 8 warps (``second_tier``;
+``--second-tier`` adds it to a committed sweep CSV). They are compiled as a launch on aligned
+tensors is: pointers, strides and
 N (144) marked divisible by 16, as Triton's launcher specializes them (without those marks the
 same kernels take up to twice the registers). Writes
 ``results/triton_sweep_window_attention_sm90.csv`` and prints the pick per (kernel, products,
@@ -190,32 +193,76 @@ def _compile_signed(kernel, signature: dict, constexprs: dict, n_divisible: bool
     return info.registers, info.spill_stores, info.shared
 
 
+#: Blocks (query, key) and warps of the sweep's second tier, compiled only for the (kernel,
+#: products, d) whose first-tier candidates (blocks of 32 or 64, 4 or 8 warps) all spill: a
+#: 16-token block on one side or both, 2 to 8 warps. The first tier's larger tiles keep their
+#: place wherever one of them is spill-free (16-token blocks reload the other side's rows
+#: twice as often); this tier is where fp32 with 3-pass TF32 finds its spill-free launches
+#: (d = 128 on sm_90 and sm_80, d = 32 on sm_80).
+SECOND_TIER_BLOCKS = ((16, 16), (16, 32), (16, 64), (32, 16), (64, 16))
+SECOND_TIER_WARPS = (2, 4, 8)
+STAGES = (1, 2, 3)
+
+
+def _sweep_row(arch: int, name: str, products: str, d: int, launch: tuple) -> dict:
+    """The sweep's CSV row of one candidate ``launch`` = (block_m, block_n, warps, stages)."""
+    block_m, block_n, warps, stages = launch
+    pointer, precision = SWEEP_PRODUCTS[products]
+    constexprs = dict(HAS_BIAS=True, HAS_MASK=True, BLOCK_M=block_m, BLOCK_N=block_n, D=d)
+    constexprs.update(PRECISION=precision, UPCAST=False)
+    if name == "_backward_kernel":
+        constexprs.update(BIAS_GRAD=True, ONE_KEY_BLOCK=False, ONE_QUERY_BLOCK=False)
+    options = dict(arch=arch, num_warps=warps, num_stages=stages)
+    found = _compile_aligned(
+        getattr(kernels, name), pointer, constexprs, SWEEP_TOKENS % 16 == 0, options
+    )
+    row = dict(kernel=name, products=products, d=d, block_m=block_m, block_n=block_n)
+    row.update(warps=warps, stages=stages)
+    row.update(zip(("registers", "spill_bytes", "shared"), found))
+    print(",".join(str(row[f]) for f in SWEEP_FIELDS), flush=True)
+    return row
+
+
+def _launches(name: str, blocks, warps) -> list[tuple]:
+    """(block_m, block_n, warps, stages) candidates of kernel ``name`` (the forward: square
+    tiles only)."""
+    return [
+        (block_m, block_n, w, stages)
+        for (block_m, block_n), w, stages in itertools.product(blocks, warps, STAGES)
+        if name != "_forward_kernel" or block_m == block_n
+    ]
+
+
 def sweep(
     arch: int, names: tuple[str, ...] = SWEPT, products: tuple[str, ...] = tuple(SWEEP_PRODUCTS)
 ) -> list[dict]:
     """Compile every candidate launch of the blocked kernels ``names`` with ``products`` (keys
-    of SWEEP_PRODUCTS; see the module docstring); one CSV row each."""
-    rows = []
-    candidates = itertools.product(
-        names, products, HEAD_DIMS, (32, 64), (32, 64), (4, 8), (1, 2, 3)
-    )
-    for name, products, d, block_m, block_n, warps, stages in candidates:
-        if name == "_forward_kernel" and block_m != block_n:
+    of SWEEP_PRODUCTS; see the module docstring), then the second tier where every first-tier
+    candidate spills (``second_tier``); one CSV row each."""
+    first = list(itertools.product((32, 64), (32, 64)))
+    rows = [
+        _sweep_row(arch, name, product, d, launch)
+        for name, product, d in itertools.product(names, products, HEAD_DIMS)
+        for launch in _launches(name, first, (4, 8))
+    ]
+    return second_tier(rows, arch)
+
+
+def second_tier(rows: list[dict], arch: int) -> list[dict]:
+    """``rows`` (a first-tier sweep) with the second tier's candidates (SECOND_TIER_BLOCKS x
+    SECOND_TIER_WARPS x STAGES) added for each (kernel, products, d) none of whose rows is
+    spill-free; rows already there are not compiled again."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
+    rows = list(rows)
+    for (name, product, d), group in groups.items():
+        if any(int(r["spill_bytes"]) == 0 for r in group):
             continue
-        pointer, precision = SWEEP_PRODUCTS[products]
-        constexprs = dict(HAS_BIAS=True, HAS_MASK=True, BLOCK_M=block_m, BLOCK_N=block_n, D=d)
-        constexprs.update(PRECISION=precision, UPCAST=False)
-        if name == "_backward_kernel":
-            constexprs.update(BIAS_GRAD=True, ONE_KEY_BLOCK=False, ONE_QUERY_BLOCK=False)
-        options = dict(arch=arch, num_warps=warps, num_stages=stages)
-        found = _compile_aligned(
-            getattr(kernels, name), pointer, constexprs, SWEEP_TOKENS % 16 == 0, options
-        )
-        row = dict(kernel=name, products=products, d=d, block_m=block_m, block_n=block_n)
-        row.update(warps=warps, stages=stages)
-        row.update(zip(("registers", "spill_bytes", "shared"), found))
-        print(",".join(str(row[f]) for f in SWEEP_FIELDS), flush=True)
-        rows.append(row)
+        seen = {tuple(int(r[f]) for f in ("block_m", "block_n", "warps", "stages")) for r in group}
+        for launch in _launches(name, SECOND_TIER_BLOCKS, SECOND_TIER_WARPS):
+            if launch not in seen:
+                rows.append(_sweep_row(arch, name, product, d, launch))
     return rows
 
 
@@ -343,7 +390,19 @@ def main() -> None:
         "--products", default=",".join(SWEEP_PRODUCTS), help="--sweep: these products only"
     )
     parser.add_argument("--csv", type=Path, default=SWEEP, help="--sweep: write here")
+    parser.add_argument(
+        "--second-tier",
+        action="store_true",
+        help="add the second tier to the sweep CSV --csv (for --arch) and print the picks",
+    )
     args = parser.parse_args()
+    if args.second_tier:
+        with args.csv.open(newline="") as handle:
+            rows = second_tier(list(csv.DictReader(handle)), args.arch)
+        _write_csv(args.csv, SWEEP_FIELDS, rows)
+        for key, chosen in sorted(sweep_picks(rows, args.arch).items()):
+            print(f"{key}: {chosen[:4]}" + (f"  spills {chosen[4]} B" if chosen[4] else ""))
+        return
     if args.sweep_short:
         rows = sweep_short(args.arch)
         _write_csv(SHORT_SWEEP, SHORT_FIELDS, rows)

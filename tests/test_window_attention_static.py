@@ -70,8 +70,11 @@ def test_long_launches_are_the_sweeps_picks(sweep):
     candidate of every blocked kernel, products and d, compiled for sm_90 as aligned tensors
     launch them) and SPILLING lists the picks that still spill; Triton's default blocks for
     the fp32 d = 128 forward (64 x 64, 3 stages) would not fit a block's shared memory."""
-    # (products x d) x (forward: square tiles, backward and dq: any) x warps x stages
-    assert len(sweep) == 3 * 4 * (2 + 4 + 4) * 2 * 3
+    # (products x d) x (forward: square tiles, backward and dq: any) x warps x stages, then
+    # the second tier for the fp32 3-pass TF32 backward and dq at d = 128 (every 16-token
+    # block x 2-8 warps x stages)
+    assert len(sweep) == 3 * 4 * (2 + 4 + 4) * 2 * 3 + 2 * 5 * 3 * 3
+    assert not kernels.SPILLING
     picks = triton_static.sweep_picks(sweep)
     assert {key: chosen[:4] for key, chosen in picks.items()} == kernels.LONG_LAUNCHES
     assert {key for key, chosen in picks.items() if chosen[4]} == kernels.SPILLING
@@ -92,7 +95,9 @@ def test_a100_launches_are_the_sm80_sweeps_picks():
     capability 8.x launches them: ``arch_of`` maps capabilities to the tables."""
     with triton_static.SWEEP_SM80.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 3 * 4 * (2 + 4 + 4) * 2 * 3
+    # the second tier: the fp32 3-pass TF32 backward at d = 32 and d = 128
+    assert len(rows) == 3 * 4 * (2 + 4 + 4) * 2 * 3 + 2 * 5 * 3 * 3
+    assert not kernels.SPILLING_SM80
     picks = triton_static.sweep_picks(rows, 80)
     assert {key: chosen[:4] for key, chosen in picks.items()} == kernels.LONG_LAUNCHES_SM80
     assert {key for key, chosen in picks.items() if chosen[4]} == kernels.SPILLING_SM80

@@ -73,13 +73,16 @@ SHORT_MAX_D = 64
 #: (kernel, products, d) with products "16-bit" (fp16/bf16 inputs), "tf32" (fp32, TF32 allowed)
 #: or "tf32x3" (fp32, TF32 off): (largest query block, largest key block, warps, pipelining
 #: depth). Chosen from an sm_90 compile of every (32 or 64, 32 or 64, 4 or 8 warps, 1-3 stages)
-#: at 144-token windows, aligned as Triton's launcher specializes aligned tensors (16-bit: the
-#: worse of bias and mask in the inputs' dtype and in fp32, as under autocast)
+#: and, for the (kernel, products, d) where all of those spill, a second tier with a 16-token
+#: block on one side or both and 2-8 warps (``triton_static.second_tier``), at 144-token
+#: windows, aligned as Triton's launcher specializes aligned tensors (16-bit: the worse of bias
+#: and mask in the inputs' dtype and in fp32, as under autocast)
 #: (``python benchmarks/triton_static.py --sweep``, Triton 3.9): among the spill-free ones
 #: within an H100 block's shared memory, the most warps resident per SM (up to 16), then the
 #: larger tiles, then the deeper pipeline, then fewer warps a CTA (``triton_static.pick``). The
 #: blocks used before (64 x 64, 4 warps, 3 stages) spilled 24-4,196 B a thread in 15 of these 36
-#: launches, every backward among them; now only ``SPILLING`` does, the least spilling candidate.
+#: launches, every backward among them; the first tier's picks in 2 (fp32 3-pass TF32, d = 128);
+#: with the second tier none does (``SPILLING`` is empty).
 #: tests/test_window_attention_static.py checks this table against the committed sweep and every
 #: launch the dispatch can make against an H100's shared memory.
 LONG_LAUNCHES = {
@@ -106,7 +109,7 @@ LONG_LAUNCHES = {
     ("_backward_kernel", "tf32x3", 16): (32, 64, 8, 3),
     ("_backward_kernel", "tf32x3", 32): (32, 64, 8, 2),
     ("_backward_kernel", "tf32x3", 64): (32, 32, 8, 1),
-    ("_backward_kernel", "tf32x3", 128): (32, 32, 8, 1),
+    ("_backward_kernel", "tf32x3", 128): (16, 32, 8, 1),
     ("_backward_dq_kernel", "16-bit", 16): (64, 64, 8, 3),
     ("_backward_dq_kernel", "16-bit", 32): (64, 64, 8, 2),
     ("_backward_dq_kernel", "16-bit", 64): (64, 64, 8, 2),
@@ -118,17 +121,20 @@ LONG_LAUNCHES = {
     ("_backward_dq_kernel", "tf32x3", 16): (64, 32, 8, 3),
     ("_backward_dq_kernel", "tf32x3", 32): (64, 64, 8, 3),
     ("_backward_dq_kernel", "tf32x3", 64): (64, 32, 8, 3),
-    ("_backward_dq_kernel", "tf32x3", 128): (32, 64, 8, 1),
+    ("_backward_dq_kernel", "tf32x3", 128): (16, 32, 8, 2),
 }
-#: The (kernel, products, d) of LONG_LAUNCHES with no spill-free candidate in the sweep: fp32
-#: with 3-pass TF32 at d = 128, 344 B (backward, was 4,196) and 144 B (dq, was 1,020) a thread.
-SPILLING = {("_backward_kernel", "tf32x3", 128), ("_backward_dq_kernel", "tf32x3", 128)}
+#: The (kernel, products, d) of LONG_LAUNCHES with no spill-free candidate in the sweep: none
+#: since the sweep's second tier (16-token blocks, 2-8 warps, compiled where every first-tier
+#: candidate spills, ``triton_static.second_tier``) gave fp32 with 3-pass TF32 at d = 128
+#: spill-free launches; its first-tier picks spilled 344 B (backward) and 144 B (dq) a thread.
+SPILLING: set = set()
 #: LONG_LAUNCHES for GPUs of compute capability 8.x (A100: 164 KiB of shared memory an SM, a
 #: block up to 163 KiB), picked by the same rule from an sm_80 sweep
 #: (``python benchmarks/triton_static.py --arch 80 --sweep --csv
 #: benchmarks/results/triton_sweep_window_attention_sm80.csv``). On sm_80 the sm_90 table's
 #: launches spill in 11 of the 36 (8-460 B a thread) and its fp32 d = 128 dq launch with TF32
-#: (196,608 B) would not launch; these spill only in ``SPILLING_SM80``.
+#: (196,608 B) would not launch; these spill in none (``SPILLING_SM80``: the first tier's picks
+#: spilled in 2).
 LONG_LAUNCHES_SM80 = {
     ("_forward_kernel", "16-bit", 16): (64, 64, 8, 3),
     ("_forward_kernel", "16-bit", 32): (32, 32, 4, 3),
@@ -151,9 +157,9 @@ LONG_LAUNCHES_SM80 = {
     ("_backward_kernel", "tf32", 64): (64, 32, 8, 3),
     ("_backward_kernel", "tf32", 128): (32, 32, 8, 3),
     ("_backward_kernel", "tf32x3", 16): (32, 64, 8, 1),
-    ("_backward_kernel", "tf32x3", 32): (32, 32, 8, 1),
+    ("_backward_kernel", "tf32x3", 32): (16, 16, 4, 2),
     ("_backward_kernel", "tf32x3", 64): (32, 32, 8, 2),
-    ("_backward_kernel", "tf32x3", 128): (32, 32, 8, 1),
+    ("_backward_kernel", "tf32x3", 128): (16, 32, 8, 1),
     ("_backward_dq_kernel", "16-bit", 16): (32, 64, 4, 3),
     ("_backward_dq_kernel", "16-bit", 32): (64, 32, 8, 3),
     ("_backward_dq_kernel", "16-bit", 64): (32, 64, 8, 3),
@@ -167,9 +173,10 @@ LONG_LAUNCHES_SM80 = {
     ("_backward_dq_kernel", "tf32x3", 64): (32, 64, 8, 3),
     ("_backward_dq_kernel", "tf32x3", 128): (32, 64, 8, 1),
 }
-#: LONG_LAUNCHES_SM80's launches with no spill-free candidate: fp32 with 3-pass TF32 backward at
-#: d = 32 (12 B a thread) and d = 128 (264 B).
-SPILLING_SM80 = {("_backward_kernel", "tf32x3", 32), ("_backward_kernel", "tf32x3", 128)}
+#: LONG_LAUNCHES_SM80's launches with no spill-free candidate: none since the second tier (as
+#: SPILLING); the first tier's fp32 3-pass TF32 backward picks spilled 12 B (d = 32) and 264 B
+#: (d = 128) a thread.
+SPILLING_SM80: set = set()
 #: The short-window kernels' launches, keyed by (kernel, products, d, block) with block the
 #: padded window (16, 32 or 64 tokens): (warps, CALL_PASS: the backward's per-window pass a
 #: function call rather than inlined). Chosen from an sm_90 compile of every (2, 4 or 8 warps,

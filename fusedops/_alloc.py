@@ -41,4 +41,7 @@ def empty(shape, *, dtype: torch.dtype, device: torch.device | str) -> torch.Ten
 
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A contiguous tensor shaped like ``t`` (poisoned while poisoning is on)."""
-    return empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+    if _poison:
+        return empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+    # torch.empty_like: about 1.1 us a call where ``empty(t.shape, ...)`` took 2.5
+    return torch.empty_like(t, dtype=dtype, memory_format=torch.contiguous_format)

@@ -31,6 +31,22 @@ def test_poisoning_is_off_outside_the_block():
         assert not _alloc._poison
 
 
+@pytest.mark.parametrize("poison", [False, True])
+def test_empty_like_is_contiguous_in_the_asked_dtype(poison):
+    """The launchers' ``_alloc.empty_like`` with poisoning off (torch.empty_like) and on: t's
+    shape and device, contiguous whatever t's strides, ``dtype`` when given, no grad."""
+    source = torch.randn(6, 4, dtype=torch.float16).t().requires_grad_()
+    assert not source.is_contiguous()
+    with poisoned_outputs(poison):
+        same, wide = _alloc.empty_like(source), _alloc.empty_like(source, torch.float32)
+    for out, dtype in ((same, torch.float16), (wide, torch.float32)):
+        assert out.shape == source.shape and out.device == source.device
+        assert out.dtype == dtype and out.is_contiguous() and not out.requires_grad
+        assert out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
+        if poison:  # (unpoisoned memory may hold anything, a freed poisoned buffer too)
+            assert torch.isnan(out).all()
+
+
 def test_tolerance_table_covers_kernel_dtypes_and_is_ordered():
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         assert dtype in TOLERANCES

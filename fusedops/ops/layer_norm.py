@@ -26,10 +26,11 @@ Every backend exposes ``layer_norm_forward(x, weight, bias, eps) -> (y, mean, rs
 gradients of absent parameters are None.
 
 Paths (``define_op``): under torch.compile/export (and modes, subclasses) the custom ops on
-rows; in plain eager mode the eager Functions (flattening to rows inside), or, when the CUDA
-backend is picked, the extension's op with its autograd in C++
-(``kernels/cuda/layer_norm.norm_with_autograd``; the ``eager`` hooks below). All run the same
-kernels.
+rows; in plain eager mode the ``eager`` hooks below: torch's op where native is picked, the
+CUDA extension's op with its autograd in C++ where cuda is and takes the parameters
+(``kernels/cuda/layer_norm.norm_with_autograd``), else ``_PickedNormFunction`` on the picked
+backend (flattening to rows inside); the eager Functions of ``define_op`` serve the rest (the
+RMSNorm rounding variants, rows of one element on native). All run the same kernels.
 
 Native backend (the automatic pick on CPU and where no GPU-verified kernel runs): in plain eager
 mode ``torch.layer_norm`` / ``torch.rms_norm`` with torch's own autograd (form (b)); in the

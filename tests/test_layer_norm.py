@@ -181,9 +181,11 @@ def test_leading_and_normalized_dims(op, lead, normalized, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("normalized", [(40,), (4, 10)])
 @pytest.mark.parametrize("affine", ["weight", "bias"])
-def test_layer_norm_weight_or_bias_alone(affine, backend):
-    _case("layer_norm", (6,), (40,), torch.float32, affine, backend)
+def test_layer_norm_weight_or_bias_alone(affine, normalized, backend):
+    """One parameter given, of one normalized dim or two (its gradient in its own shape)."""
+    _case("layer_norm", (6,), normalized, torch.float32, affine, backend)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

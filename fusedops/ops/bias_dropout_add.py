@@ -123,17 +123,16 @@ reference = SimpleNamespace(
 # Native implementation: on CPU tensors torch's own random numbers instead of the Philox words
 # (the default; ``portable_mask`` keeps the Philox mask). The mask is a function of the op's
 # seed: on a CPU tensor torch's uniform draws below p, from a CPU generator seeded with the
-# seed's key (reading it is free there); on other devices the Philox words (no host sync), whatever
-# ``portable_mask`` says. Eager calls build the same mask and let torch's autograd keep it
+# seed's key (reading it is free there); on other devices the Philox words (no host sync),
+# whatever ``portable_mask`` says. Eager calls build the same mask and let torch's autograd keep it
 # (``_native_eager``); the custom ops regenerate it in the backward.
 
 
 def native_drop_mask(seed: torch.Tensor, p: float, shape) -> torch.Tensor:
     """The native backend's drop-mask (bool, ``shape``; True: dropped) for ``seed`` (int64[2])
     and 0 < p < 1: on the CPU ``torch.rand(shape) < p`` from a CPU generator seeded with the
-    seed's key;
-    on other devices the Philox words of ``keep_mask`` negated, the portable mask itself
-    (seeding a generator would read the seed on the host, a synchronisation)."""
+    seed's key; on other devices the Philox words of ``keep_mask`` negated, the portable mask
+    itself (seeding a generator would read the seed on the host, a synchronisation)."""
     if seed.device.type != "cpu":
         return keep_mask(seed, p, math.prod(shape)).view(shape).logical_not_()
     generator = _mask_generator().manual_seed(seed.tolist()[0])

@@ -409,7 +409,9 @@ class _PickedNormFunction(torch.autograd.Function):
             y, mean, rstd = impl.layer_norm_forward(rows, w, b, eps)
         ctx.save_for_backward(rows, w, b, mean, rstd)
         ctx.impl, ctx.rms = impl, rms
-        ctx.x_shape, ctx.param_shape = x.shape, None if weight is None else weight.shape
+        # normalized_shape, the shape of either parameter (None: neither is given)
+        given = weight if weight is not None else bias
+        ctx.x_shape, ctx.param_shape = x.shape, None if given is None else given.shape
         if y.shape == x.shape:
             return y
         # a tensor of its own, not a view (see _reshaping_function in ops/_define.py)

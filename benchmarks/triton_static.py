@@ -251,13 +251,15 @@ def sweep(
 def second_tier(rows: list[dict], arch: int) -> list[dict]:
     """``rows`` (a first-tier sweep) with the second tier's candidates (SECOND_TIER_BLOCKS x
     SECOND_TIER_WARPS x STAGES) added for each (kernel, products, d) none of whose rows is
-    spill-free; rows already there are not compiled again."""
+    spill-free within BLOCK_SHARED_LIMIT (``pick``'s first choice); rows already there are not
+    compiled again."""
     groups: dict = {}
     for row in rows:
         groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
     rows = list(rows)
     for (name, product, d), group in groups.items():
-        if any(int(r["spill_bytes"]) == 0 for r in group):
+        limit = BLOCK_SHARED_LIMIT[arch]
+        if any(int(r["spill_bytes"]) == 0 and int(r["shared"]) <= limit for r in group):
             continue
         seen = {tuple(int(r[f]) for f in ("block_m", "block_n", "warps", "stages")) for r in group}
         for launch in _launches(name, SECOND_TIER_BLOCKS, SECOND_TIER_WARPS):

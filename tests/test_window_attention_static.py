@@ -126,6 +126,39 @@ def _row(block_m=32, block_n=32, warps=4, stages=3, registers=128, spill_bytes=0
     )  # fmt: skip
 
 
+def test_second_tier_only_where_every_first_tier_candidate_spills(monkeypatch):
+    """``second_tier`` compiles its candidates (a 16-token block, 2-8 warps, 1-3 stages; the
+    forward's tiles square) only for the groups with no spill-free row within the shared-memory
+    limit, and never a launch the sweep already holds."""
+    compiled = []
+
+    def fake_row(arch, name, products, d, launch):
+        compiled.append((name, products, d, launch))
+        return dict(kernel=name, products=products, d=d, **dict(zip(LAUNCH_FIELDS, launch)))
+
+    monkeypatch.setattr(triton_static, "_sweep_row", fake_row)
+    limit = triton_static.BLOCK_SHARED_LIMIT[90]
+    free = dict(_row(), kernel="_backward_kernel", products="tf32", d="32")
+    spilling = dict(_row(spill_bytes=8), kernel="_backward_kernel", products="tf32x3", d="128")
+    held = dict(_row(16, 16, warps=2, stages=1, spill_bytes=4))
+    held.update(kernel="_backward_kernel", products="tf32x3", d="128")
+    too_big = dict(_row(shared=limit + 1), kernel="_forward_kernel", products="16-bit", d="64")
+    rows = triton_static.second_tier([free, spilling, held, too_big], 90)
+    assert rows[:4] == [free, spilling, held, too_big]
+    assert {(name, products, d) for name, products, d, _ in compiled} == {
+        ("_backward_kernel", "tf32x3", 128),
+        ("_forward_kernel", "16-bit", 64),
+    }
+    backward = [launch for name, _, _, launch in compiled if name == "_backward_kernel"]
+    assert len(backward) == 5 * 3 * 3 - 1 and (16, 16, 2, 1) not in backward
+    forward = [launch for name, _, _, launch in compiled if name == "_forward_kernel"]
+    assert len(forward) == 3 * 3 and all(m == n == 16 for m, n, _, _ in forward)
+    assert all(16 in launch[:2] and launch[2] in (2, 4, 8) for *_, launch in compiled)
+
+
+LAUNCH_FIELDS = ("block_m", "block_n", "warps", "stages")
+
+
 def test_pick_prefers_spill_free_then_resident_warps_then_tiles():
     """The rule behind LONG_LAUNCHES, on made-up candidates."""
     small = _row(registers=128)  # 4 warps x 4 CTAs = 16 warps a SM

@@ -1033,6 +1033,12 @@ BANDWIDTH_BOUND = (
     "adam", "bias_dropout_add", "deform_conv2d", "layer_norm", "quick_gelu", "swin_softmax",
     "window_process",
 )  # fmt: skip
+#: Kernels whose global stores are reductions, a few values a row or a column (LayerNorm's
+#: backward coefficients and dweight/dbias column sums): judged by their loads alone, the
+#: traffic that scales with the rows.
+REDUCTION_KERNELS = (
+    "row_coeffs_kernel", "column_sum_kernel", "_backward_coeffs_kernel", "_column_sum_kernel",
+)  # fmt: skip
 
 
 def _grouped(rows: list[dict], keep, describe) -> list[str]:
@@ -1102,7 +1108,9 @@ def findings(rows: list[dict]) -> list[str]:
         return row["dtype"] in ("fp16", "bf16") and row["op"] in BANDWIDTH_BOUND
 
     def wide(row):
-        return min(int(row["ldg_bits"]), int(row["stg_bits"])) >= 128
+        reduction = row["kernel"].partition("<")[0].split(" ")[0] in REDUCTION_KERNELS
+        stores = 128 if reduction else int(row["stg_bits"])
+        return min(int(row["ldg_bits"]), stores) >= 128
 
     # CUDA families (one kernel's instantiations) with a 16-byte instantiation per dtype and
     # arch: their narrow instantiations are the scalar paths for rows that are not aligned

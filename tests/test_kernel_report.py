@@ -216,6 +216,9 @@ def test_findings_list_what_breaks_the_rules():
         _row(op="nms", ldg_bits=32),  # not bandwidth-bound
         _row(dtype="fp32", ldg_bits=32),  # 4-byte accesses are the rule for 16-bit rows only
         _row(op="window_attention", backend="cuda"),  # its products are cuBLAS calls
+        # a reduction's stores are a few values a row: its loads decide
+        _row(kernel="row_coeffs_kernel<__half, float, 8>", backend="cuda", stg_bits=32),
+        _row(kernel="_column_sum_kernel", stg_bits=16),
     ]
     text = "\n".join(kernel_report.findings(clean))
     assert text.count("- none") == 4
@@ -233,6 +236,8 @@ def test_findings_list_what_breaks_the_rules():
         # ... but not for another dtype, nor another arch, nor other type arguments: findings
         _row(**cuda, kernel="ew<__nv_bfloat16, 1>", ldg_bits=16, stg_bits=16),
         _row(**cuda, kernel="ew<__half, float, 1>", dtype="fp16", ldg_bits=32, stg_bits=32),
+        # a reduction with narrow loads stays a finding
+        _row(kernel="_column_sum_kernel", ldg_bits=32, stg_bits=16),
     ]
     text = "\n".join(kernel_report.findings(broken))
     assert "- none" not in text
@@ -251,7 +256,8 @@ def test_findings_list_what_breaks_the_rules():
         in text
     )
     assert "- window_attention triton `fma` fp32 sm_90 (1 rows): ctas/SM [16], no mma" in text
-    assert text.count("\n- ") == 8  # one line per group
+    assert "- layer_norm triton `_column_sum_kernel` bf16 sm_90 (1 rows): widest load 32" in text
+    assert text.count("\n- ") == 9  # one line per group
 
 
 class _CountingJob(kernel_report.Job):

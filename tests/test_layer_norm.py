@@ -246,7 +246,9 @@ def _force_looped(monkeypatch, backend):
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n", [33, 100, 257])
+# 100: whole 16-byte vectors of fp32 (the CUDA looped kernels' vector access); 264 and 2056:
+# of 16-bit too, 2056 over more than one pass of a block's 256 threads x 8 elements
+@pytest.mark.parametrize("n", [33, 100, 257, 264, 2056])
 @pytest.mark.parametrize("affine", ["both", "none"])
 @pytest.mark.parametrize("op", OPS)
 def test_looped_path_matches_float64(monkeypatch, op, affine, n, dtype, backend):

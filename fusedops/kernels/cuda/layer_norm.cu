@@ -17,7 +17,8 @@
 //   (kVec = 16 / sizeof(T)) where cols % kVec == 0, the row tensors are 16-byte aligned and y /
 //   dy have x's dtype (vector_width); the register path's row layout is otherwise the same.
 // Looped path: a block per row; pass 1 accumulates shifted sums (shift = the row's first element),
-//   pass 2 normalises.
+//   pass 2 normalises; rows read and written kVec elements at a time as on the register path
+//   (vector_width), thread t taking elements (k * kThreads + t) * kVec + e.
 // Backward: dx = (g - (xhat * c1 + c2)) * rstd, g = dy * w, c1 = mean(xhat * g), c2 = mean(g)
 //   (RMSNorm: c2 = 0). dweight/dbias in two deterministic stages: each block writes one fp32
 //   partial row (blocks = partial rows, chosen by the caller), then column_sum_kernel adds the
@@ -321,22 +322,44 @@ __global__ void __launch_bounds__(kThreads, (forward_min_blocks<T, kRowWarps, kV
   }
 }
 
-template <typename T, typename W>
+// Stores elements j0 .. j0 + kVec - 1 of `row` (16 bytes, aligned) as one 16-byte store
+// (st.global.cg.v4: cached in L2 only, y is not read again here). In forward_loop_kernel nvcc
+// 13.0 split store_values' Packed store into 2-byte stores, and a uint4 assignment into 4-byte
+// ones (the register kernels get 16-byte stores from store_values).
+template <int kVec, typename T>
+__device__ __forceinline__ void store_vector(T* row, int j0, const float* in) {
+  static_assert(sizeof(T) * kVec == sizeof(uint4), "one 16-byte vector");
+  Packed<T, kVec> packed;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) packed.v[e] = from_float<T>(in[e]);
+  __stcg(reinterpret_cast<uint4*>(row + j0), *reinterpret_cast<const uint4*>(&packed));
+}
+
+// Thread t of a looped-path block reads elements (k * kThreads + t) * kVec + e of its row
+// (whole vectors: with kVec > 1 the launcher guarantees cols % kVec == 0 and aligned rows).
+template <typename T, typename W, int kVec>
 __global__ void __launch_bounds__(kThreads)
     forward_loop_kernel(const T* __restrict__ x, const W* __restrict__ weight,
                         const W* __restrict__ bias, void* __restrict__ y,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
                         int cols, float eps, bool rms, NormVariant variant) {
   __shared__ float shared[kWarpsPerBlock];
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t step = static_cast<int64_t>(kThreads) * kVec;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x_row = x + row * cols;
     const float shift = rms ? 0.0f : to_float(x_row[0]);
     float s1 = 0.0f;
     float s2 = 0.0f;
-    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      const float d = to_float(x_row[j]) - shift;
-      s1 += d;
-      s2 += d * d;
+    for (int64_t j0 = first; j0 < cols; j0 += step) {
+      float v[kVec];
+      load_values<kVec>(x_row, static_cast<int>(j0), cols, v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float d = v[e] - shift;
+        s1 += d;
+        s2 += d * d;
+      }
     }
     const float m1 = row_sum<kWarpsPerBlock>(s1, shared) / cols;
     const float m2 = row_sum<kWarpsPerBlock>(s2, shared) / cols;
@@ -347,11 +370,22 @@ __global__ void __launch_bounds__(kThreads)
       if (!rms) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      float out = round_xhat((to_float(x_row[j]) - mean) * rstd, variant.xhat_dtype);
-      if (weight != nullptr) out *= to_float(weight[j]);
-      if (bias != nullptr) out += to_float(bias[j]);
-      store_y<T>(y, row * cols + j, out, variant.out_fp32);
+    for (int64_t j0 = first; j0 < cols; j0 += step) {
+      const int j = static_cast<int>(j0);
+      float v[kVec];
+      load_values<kVec>(x_row, j, cols, v);
+      float out[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        out[e] = round_xhat((v[e] - mean) * rstd, variant.xhat_dtype);
+        if (weight != nullptr) out[e] *= to_float(weight[j + e]);
+        if (bias != nullptr) out[e] += to_float(bias[j + e]);
+      }
+      if constexpr (kVec == 1) {
+        store_y_values<kVec, T>(y, row * cols, j, cols, variant.out_fp32, out);
+      } else {  // a vector: y has x's type (vector_width)
+        store_vector<kVec>(static_cast<T*>(y) + row * cols, j, out);
+      }
     }
   }
 }
@@ -477,26 +511,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// c[row] = mean(xhat * g), c[rows + row] = mean(g) (0 for RMSNorm): a block per row.
-template <typename T, typename W>
+// c[row] = mean(xhat * g), c[rows + row] = mean(g) (0 for RMSNorm): a block per row, read
+// kVec elements at a time as forward_loop_kernel reads them.
+template <typename T, typename W, int kVec>
 __global__ void __launch_bounds__(kThreads)
     row_coeffs_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                       const W* __restrict__ weight, const float* __restrict__ mean,
                       const float* __restrict__ rstd, float* __restrict__ coeffs, int64_t rows,
                       int cols, bool rms, NormVariant variant) {
   __shared__ float shared[kWarpsPerBlock];
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t step = static_cast<int64_t>(kThreads) * kVec;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float mu = rms ? 0.0f : mean[row];
     const float rs = rstd[row];
     const T* x_row = x + row * cols;
     float s1 = 0.0f;
     float s2 = 0.0f;
-    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
-      const float d = load_dy<T>(dy, row * cols + j, variant.out_fp32);
-      const float xhat = (to_float(x_row[j]) - mu) * rs;
-      const float g = weight != nullptr ? d * to_float(weight[j]) : d;
-      s1 += xhat * g;
-      s2 += g;
+    for (int64_t j0 = first; j0 < cols; j0 += step) {
+      float d[kVec];
+      float v[kVec];
+      load_dy_values<kVec, T>(dy, row * cols, static_cast<int>(j0), cols, variant.out_fp32, d);
+      load_values<kVec>(x_row, static_cast<int>(j0), cols, v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float xhat = (v[e] - mu) * rs;
+        const float g = weight != nullptr ? d[e] * to_float(weight[j0 + e]) : d[e];
+        s1 += xhat * g;
+        s2 += g;
+      }
     }
     const float c1 = row_sum<kWarpsPerBlock>(s1, shared) / cols;
     const float c2 = rms ? 0.0f : row_sum<kWarpsPerBlock>(s2, shared) / cols;
@@ -507,9 +550,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Grid (column chunks of kThreads, row groups): thread j of group b handles column j of rows
-// b, b + groups, ...; writes dx and partial[b, j].
-template <typename T, typename W>
+// Grid (column chunks of kThreads * kVec, row groups): thread j of group b handles columns
+// j * kVec .. j * kVec + kVec - 1 of rows b, b + groups, ... (whole vectors, as in
+// forward_loop_kernel); writes dx and those columns of partial[b, :].
+template <typename T, typename W, int kVec>
 __global__ void __launch_bounds__(kThreads)
     backward_columns_kernel(const void* __restrict__ dy, const T* __restrict__ x,
                             const W* __restrict__ weight, const float* __restrict__ mean,
@@ -517,26 +561,45 @@ __global__ void __launch_bounds__(kThreads)
                             T* __restrict__ dx, float* __restrict__ dw_partial,
                             float* __restrict__ db_partial, int64_t rows, int cols, bool rms,
                             NormVariant variant) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (j >= cols) return;
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVec;
+  if (j0 >= cols) return;
+  const int j = static_cast<int>(j0);
   const int64_t group = blockIdx.y;
   const int64_t groups = gridDim.y;
-  const float w = weight != nullptr ? to_float(weight[j]) : 1.0f;
-  float dw_acc = 0.0f;
-  float db_acc = 0.0f;
+  float w[kVec];
+  float dw_acc[kVec];
+  float db_acc[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    w[e] = weight != nullptr ? to_float(weight[j0 + e]) : 1.0f;
+    dw_acc[e] = 0.0f;
+    db_acc[e] = 0.0f;
+  }
   for (int64_t row = group; row < rows; row += groups) {
-    const int64_t offset = row * cols + j;
-    const float d = load_dy<T>(dy, offset, variant.out_fp32);
+    const int64_t row_start = row * cols;
+    float d[kVec];
+    float v[kVec];
+    load_dy_values<kVec, T>(dy, row_start, j, cols, variant.out_fp32, d);
+    load_values<kVec>(x + row_start, j, cols, v);
     const float rs = rstd[row];
     const float mu = rms ? 0.0f : mean[row];
-    const float xhat = (to_float(x[offset]) - mu) * rs;
-    const float g = d * w;
-    dx[offset] = from_float<T>((g - (xhat * coeffs[row] + coeffs[rows + row])) * rs);
-    dw_acc += d * round_xhat(xhat, variant.xhat_dtype);
-    db_acc += d;
+    const float c1 = coeffs[row];
+    const float c2 = coeffs[rows + row];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float xhat = (v[e] - mu) * rs;
+      dw_acc[e] += d[e] * round_xhat(xhat, variant.xhat_dtype);
+      db_acc[e] += d[e];
+      v[e] = (d[e] * w[e] - (xhat * c1 + c2)) * rs;
+    }
+    store_values<kVec>(dx + row_start, j, cols, v);
   }
-  if (dw_partial != nullptr) dw_partial[group * cols + j] = dw_acc;
-  if (db_partial != nullptr) db_partial[group * cols + j] = db_acc;
+  // fp32 partial rows, one element at a time (no alignment asked of the partial buffer)
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    if (dw_partial != nullptr) dw_partial[group * cols + j0 + e] = dw_acc[e];
+    if (db_partial != nullptr) db_partial[group * cols + j0 + e] = db_acc[e];
+  }
 }
 
 // The fp32 partial rows of dweight and dbias and their outputs, one matrix or two
@@ -657,8 +720,11 @@ void launch_forward(const void* x, const void* weight, const void* bias, void* y
           tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
     }));
   } else {
-    forward_loop_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
+    const int vec = vector_width<T>(variant, cols, {x, y});
+    FUSEDOPS_LN_VECTOR_DISPATCH(T, vec, {
+      forward_loop_kernel<T, W, kVec><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+          tx, tw, tb, y, mean, rstd, rows, cols, eps, rms, variant);
+    });
   }
 }
 
@@ -709,9 +775,6 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
   const W* tw = static_cast<const W*>(weight);
   T* tdx = static_cast<T*>(dx);
   const unsigned int blocks = static_cast<unsigned int>(partial_rows);
-  // 64-bit: cols + kThreads - 1 would overflow int for cols near INT32_MAX.
-  const unsigned int column_blocks =
-      static_cast<unsigned int>((static_cast<int64_t>(cols) + kThreads - 1) / kThreads);
   if (use_register_path(cols, max_register_cols)) {
     const int vec = vector_width<T>(variant, cols, {dy, x, dx});
     FUSEDOPS_LN_REGISTER_DISPATCH(cols, FUSEDOPS_LN_VECTOR_DISPATCH(T, vec, {
@@ -720,11 +783,18 @@ void launch_backward(const void* dy, const void* x, const void* weight, const fl
           dy, tx, tw, mean, rstd, tdx, dw_partial, db_partial, rows, cols, rms, variant);
     }));
   } else {
-    row_coeffs_kernel<T, W><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
-        dy, tx, tw, mean, rstd, coeffs, rows, cols, rms, variant);
-    const dim3 grid(column_blocks, blocks);
-    backward_columns_kernel<T, W><<<grid, kThreads, 0, stream>>>(
-        dy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms, variant);
+    const int vec = vector_width<T>(variant, cols, {dy, x, dx});
+    FUSEDOPS_LN_VECTOR_DISPATCH(T, vec, {
+      row_coeffs_kernel<T, W, kVec><<<row_blocks(rows, 1), kThreads, 0, stream>>>(
+          dy, tx, tw, mean, rstd, coeffs, rows, cols, rms, variant);
+      // 64-bit: cols + per_block - 1 would overflow int for cols near INT32_MAX
+      const int64_t per_block = static_cast<int64_t>(kThreads) * kVec;
+      const auto column_blocks =
+          static_cast<unsigned int>((static_cast<int64_t>(cols) + per_block - 1) / per_block);
+      const dim3 grid(column_blocks, blocks);
+      backward_columns_kernel<T, W, kVec><<<grid, kThreads, 0, stream>>>(
+          dy, tx, tw, mean, rstd, coeffs, tdx, dw_partial, db_partial, rows, cols, rms, variant);
+    });
   }
   launch_column_sums(dweight != nullptr ? dw_partial : nullptr, static_cast<W*>(dweight),
                      dbias != nullptr ? db_partial : nullptr, static_cast<W*>(dbias),

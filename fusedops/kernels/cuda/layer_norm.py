@@ -19,7 +19,8 @@ from fusedops.kernels.cuda.build import library
 #: Rows up to this length (and at most 8192) are held in registers; longer rows take the looped
 #: path. Read at every call, so tests can force the looped path with small rows.
 MAX_REGISTER_N = 8192
-#: Register-path rows read and written 16 bytes at a time (4 fp32 / 8 fp16 or bf16 elements)
+#: Rows read and written 16 bytes at a time (4 fp32 / 8 fp16 or bf16 elements; the register
+#: path, and since 2026-12-06 the looped path's three kernels, never run on a GPU yet)
 #: where N is a multiple of that, the row tensors are 16-byte aligned and y / dy have x's dtype;
 #: else one element per access. Read at every call (tests turn it off to check the one-element
 #: path). On since its gpu tests (``test_cuda_cpp_op[vector-*]``, 108 cases, and the misaligned

@@ -128,17 +128,30 @@ def _best(rows: list[dict], preference, arch: int = 90) -> dict:
     return max(free, key=preference)
 
 
-def sweep_picks(rows: list[dict], arch: int = 90) -> dict:
-    """(kernel, products, d) -> (block_m, block_n, warps, stages, spill bytes) picked from
-    ``rows`` compiled for ``arch``."""
+#: The sweep row fields that make a launch: (block_m, block_n, warps, stages).
+LAUNCH_FIELDS = ("block_m", "block_n", "warps", "stages")
+
+
+def _launch(row: dict) -> tuple[int, ...]:
+    """A sweep row's launch, (block_m, block_n, warps, stages)."""
+    return tuple(int(row[f]) for f in LAUNCH_FIELDS)
+
+
+def _by_key(rows: list[dict]) -> dict:
+    """The sweep's rows grouped by (kernel, products, d)."""
     groups: dict = {}
     for row in rows:
         groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
+    return groups
+
+
+def sweep_picks(rows: list[dict], arch: int = 90) -> dict:
+    """(kernel, products, d) -> (block_m, block_n, warps, stages, spill bytes) picked from
+    ``rows`` compiled for ``arch``."""
     picks = {}
-    for key, group in groups.items():
+    for key, group in _by_key(rows).items():
         best = pick(group, arch)
-        picks[key] = tuple(int(best[f]) for f in ("block_m", "block_n", "warps", "stages"))
-        picks[key] += (int(best["spill_bytes"]),)
+        picks[key] = (*_launch(best), int(best["spill_bytes"]))
     return picks
 
 
@@ -253,19 +266,16 @@ def second_tier(rows: list[dict], arch: int) -> list[dict]:
     SECOND_TIER_WARPS x STAGES) added for each (kernel, products, d) none of whose rows is
     spill-free within BLOCK_SHARED_LIMIT (``pick``'s first choice); rows already there are not
     compiled again."""
-    groups: dict = {}
-    for row in rows:
-        groups.setdefault((row["kernel"], row["products"], int(row["d"])), []).append(row)
-    rows = list(rows)
-    for (name, product, d), group in groups.items():
-        limit = BLOCK_SHARED_LIMIT[arch]
+    limit = BLOCK_SHARED_LIMIT[arch]
+    added = []
+    for (name, product, d), group in _by_key(rows).items():
         if any(int(r["spill_bytes"]) == 0 and int(r["shared"]) <= limit for r in group):
             continue
-        seen = {tuple(int(r[f]) for f in ("block_m", "block_n", "warps", "stages")) for r in group}
+        seen = {_launch(r) for r in group}
         for launch in _launches(name, SECOND_TIER_BLOCKS, SECOND_TIER_WARPS):
             if launch not in seen:
-                rows.append(_sweep_row(arch, name, product, d, launch))
-    return rows
+                added.append(_sweep_row(arch, name, product, d, launch))
+    return [*rows, *added]
 
 
 SHORT_SWEEP = RESULTS / "triton_sweep_short_window_attention_sm90.csv"

@@ -134,7 +134,8 @@ def test_second_tier_only_where_every_first_tier_candidate_spills(monkeypatch):
 
     def fake_row(arch, name, products, d, launch):
         compiled.append((name, products, d, launch))
-        return dict(kernel=name, products=products, d=d, **dict(zip(LAUNCH_FIELDS, launch)))
+        fields = dict(zip(triton_static.LAUNCH_FIELDS, launch))
+        return dict(kernel=name, products=products, d=d, **fields)
 
     monkeypatch.setattr(triton_static, "_sweep_row", fake_row)
     limit = triton_static.BLOCK_SHARED_LIMIT[90]
@@ -154,9 +155,6 @@ def test_second_tier_only_where_every_first_tier_candidate_spills(monkeypatch):
     forward = [launch for name, _, _, launch in compiled if name == "_forward_kernel"]
     assert len(forward) == 3 * 3 and all(m == n == 16 for m, n, _, _ in forward)
     assert all(16 in launch[:2] and launch[2] in (2, 4, 8) for *_, launch in compiled)
-
-
-LAUNCH_FIELDS = ("block_m", "block_n", "warps", "stages")
 
 
 def test_pick_prefers_spill_free_then_resident_warps_then_tiles():

@@ -442,8 +442,13 @@ def _picked_norm_body(ctx, dy):
 _picked_norm_backward = lean_once_differentiable(_picked_norm_body)
 
 
-def _picked(name, chosen, x, weight, bias, eps, rms, n):
-    """y from ``_PickedNormFunction`` on backend ``chosen``'s implementation."""
+def _on_kernel_backend(name, chosen, x, weight, bias, eps, rms, n):
+    """y on backend ``chosen`` (not native): the CUDA extension's op with its C++ autograd
+    where it takes the parameters, else ``_PickedNormFunction`` on ``chosen``'s
+    implementation."""
+    cuda = _cuda_extension(chosen, name, x, weight, bias, n)
+    if cuda is not None:
+        return cuda.norm_with_autograd(x, weight, bias, n, eps, rms)
     impl = dispatch.implementation(name, chosen)
     return apply_function(_PickedNormFunction, (x, weight, bias, eps, impl, rms, n))
 
@@ -463,10 +468,7 @@ def _layer_norm_eager(x, weight, bias, eps, backend, shape):
             # x's dtype on every backend
             return as_dtype(torch.layer_norm(x, shape, weight, bias, eps), x.dtype)
         return torch.layer_norm(_up(x), shape, _up(weight), _up(bias), eps).to(x.dtype)
-    cuda = _cuda_extension(chosen, "layer_norm", x, weight, bias, n)
-    if cuda is not None:
-        return cuda.norm_with_autograd(x, weight, bias, n, eps, False)
-    return _picked("layer_norm", chosen, x, weight, bias, eps, False, n)
+    return _on_kernel_backend("layer_norm", chosen, x, weight, bias, eps, False, n)
 
 
 def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
@@ -476,11 +478,7 @@ def _rms_norm_eager(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
     chosen = dispatch.pick("rms_norm", x, backend=backend)
     if chosen == "native":
         return as_dtype(torch.rms_norm(_up(x), shape, _up(weight), eps), x.dtype)
-    n = math.prod(shape)
-    cuda = _cuda_extension(chosen, "rms_norm", x, weight, None, n)
-    if cuda is not None:
-        return cuda.norm_with_autograd(x, weight, None, n, eps, True)
-    return _picked("rms_norm", chosen, x, weight, None, eps, True, n)
+    return _on_kernel_backend("rms_norm", chosen, x, weight, None, eps, True, math.prod(shape))
 
 
 LAYER_NORM = define_op(

@@ -213,7 +213,7 @@ def verdicts(results: dict[str, FileResult]) -> dict[tuple[str, str], str]:
         partial = [
             f"{stem} {f.ran} of {f.collected}" for stem, f in files.items() if f.ran < f.collected
         ]
-        for backend in dispatch.KERNEL_BACKENDS:
+        for backend in dispatch.kernel_backend_names():
             passed = [n for f in files.values() for n in f.passed if _mentions(n, backend)]
             if failed:
                 out[op, backend] = f"{len(failed)} failed, e.g. {failed[0]}"
@@ -236,16 +236,13 @@ def record(
     """``table`` (op -> backend -> entry) updated with this run's verdicts: a verified kernel
     gets a new entry, a failed one (or one without a passed case) loses its entry, and one whose
     files did not run or ran only in part keeps what it had."""
-    registered = dispatch.registered_ops()
     for (op, backend), verdict in found.items():
-        module = {"triton": registered[op].triton_module, "cuda": registered[op].cuda_module}[
-            backend
-        ]
-        if module is None:
+        files = dispatch.source_files(op, backend)
+        if not files:
             continue
         if verdict == "verified":
             table.setdefault(op, {})[backend] = {
-                "sources": verified.sources_hash(backend, module),
+                "sources": verified.sources_hash(files),
                 "gpu": gpu,
                 "date": date,
                 "commit": commit,

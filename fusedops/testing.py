@@ -200,11 +200,11 @@ def backends_under_test() -> list[str]:
     """Backends the suite can check on this machine: reference and native (PyTorch's own ops)
     always; triton on a GPU or under TRITON_INTERPRET=1; cuda on a GPU with a CUDA build of
     torch."""
-    from fusedops import dispatch
+    from fusedops._env import triton_interpreter
 
     backends = ["reference", "native"]
     if importlib.util.find_spec("triton") is not None and (
-        torch.cuda.is_available() or dispatch.triton_interpreter()
+        torch.cuda.is_available() or triton_interpreter()
     ):
         backends.append("triton")
     if torch.cuda.is_available() and torch.version.cuda is not None:
@@ -255,7 +255,7 @@ def kernel_backends_under_test() -> list[str]:
     """The fused-kernel backends among ``backends_under_test()`` (triton, cuda)."""
     from fusedops import dispatch
 
-    return [b for b in backends_under_test() if b in dispatch.KERNEL_BACKENDS]
+    return [b for b in backends_under_test() if dispatch.is_kernel(b)]
 
 
 def autohooks_installed() -> bool:

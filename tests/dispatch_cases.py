@@ -66,7 +66,8 @@ def cases(make: Callable) -> dict[str, tuple[str, tuple]]:
         out[f"layer_norm {tag}"] = ("layer_norm", (make((4, 8), dtype),))
         out[f"rms_norm {tag}"] = ("rms_norm", (make((4, 8), dtype),))
         out[f"adam {tag}"] = ("adam", (make((10,), dtype),))
-        out[f"window_partition_roll {tag}"] = ("window_partition_roll", (make((2, 14, 14, 8), dtype),))
+        windows = make((2, 14, 14, 8), dtype)
+        out[f"window_partition_roll {tag}"] = ("window_partition_roll", (windows,))
         out[f"window_reverse_roll {tag}"] = ("window_reverse_roll", (make((8, 7, 7, 8), dtype),))
         out[f"nms {tag}"] = ("nms", (make((10, 4), dtype),))
         out[f"soft_nms {tag}"] = ("soft_nms", (make((10, 4), dtype),))
@@ -90,18 +91,19 @@ def cases(make: Callable) -> dict[str, tuple[str, tuple]]:
     q48 = make((1, 1, 49, 48), f32)
     out["window_attention d=48"] = ("window_attention", (q48, q48, q48, None, None))
     q = make((8, 2, 49, 32), bf16)
-    out["window_attention fp64 bias"] = ("window_attention", (q, q, q, make((2, 49, 49), f64), None))
+    wide_bias = make((2, 49, 49), f64)
+    out["window_attention fp64 bias"] = ("window_attention", (q, q, q, wide_bias, None))
     x = make((4, 6, 8), f32)
     out["bias_dropout_add fp64 residual"] = ("bias_dropout_add", (x, make((4, 6, 8), f64), None))
     out["bias_dropout_add grad only"] = ("bias_dropout_add", (x,))
     return out
 
 
-def _answer(call: Callable[[], str]) -> dict:
+def _answer(call: Callable[..., str], *args, **kwargs) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = {"picked": call()}
+            result = {"picked": call(*args, **kwargs)}
         except Exception as error:  # noqa: BLE001  (the type and message are the answer)
             result = {"error": f"{type(error).__name__}: {error}"}
     told = sorted(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
@@ -144,11 +146,9 @@ def observe(controls) -> dict:
             for place, make in (("cuda", stand_in), ("cpu", _cpu)):
                 for label, (op, tensors) in cases(make).items():
                     controls.forget_warnings()
-                    row = {"auto": _answer(lambda: dispatch.select_name(op, *tensors))}
+                    row = {"auto": _answer(dispatch.select_name, op, *tensors)}
                     for name in NAMES:
-                        row[name] = _answer(
-                            lambda name=name: dispatch.select_name(op, *tensors, backend=name)
-                        )
+                        row[name] = _answer(dispatch.select_name, op, *tensors, backend=name)
                     rows[f"{place}: {label}"] = row
             table[key] = rows
         controls.cuda_build(False)

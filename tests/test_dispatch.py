@@ -14,6 +14,10 @@ from fusedops.testing import device_under_test
 fusedops.ops.load_all()
 
 
+CUDA = dispatch.get_backend("cuda")
+TRITON = dispatch.get_backend("triton")
+
+
 def _cuda_input(dtype=torch.float32):
     """What dispatch reads of a tensor (device, is_cuda, dtype), standing in for a CUDA tensor."""
     return SimpleNamespace(device=torch.device("cuda"), is_cuda=True, dtype=dtype)
@@ -61,13 +65,13 @@ def test_forced_backend_that_cannot_run_lists_reasons(monkeypatch):
 def test_cuda_tensor_prefers_cuda_then_triton_then_native(monkeypatch):
     monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
     monkeypatch.setattr(build, "known_state", lambda: None)
-    monkeypatch.setattr(dispatch, "_cuda_missing", lambda: None)
+    monkeypatch.setattr(CUDA, "probe_build", lambda: None)
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "cuda"
     # a failed CUDA build falls back to triton
     monkeypatch.setattr(build, "known_state", lambda: "CUDA extension build failed: boom")
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "triton"
     # no triton either: PyTorch's native op
-    monkeypatch.setattr(dispatch, "_triton_missing", lambda: "triton is not installed")
+    monkeypatch.setattr(TRITON, "missing", lambda: "triton is not installed")
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "native"
     # dtypes the kernels do not take go to the native op
     monkeypatch.setattr(build, "known_state", lambda: None)
@@ -120,7 +124,7 @@ def _verified_only(monkeypatch, *kernels):
 def test_automatic_pick_takes_only_verified_kernels(monkeypatch):
     monkeypatch.setattr(build, "known_state", lambda: None)
     probed = []
-    monkeypatch.setattr(dispatch, "_cuda_missing", lambda: probed.append(1))  # the build probe
+    monkeypatch.setattr(CUDA, "probe_build", lambda: probed.append(1))  # the build probe
     _verified_only(monkeypatch, ("quick_gelu", "triton"))
     assert dispatch.select_name("quick_gelu", _cuda_input()) == "triton"
     assert probed == []  # the unverified CUDA kernel never triggered the extension build
@@ -139,38 +143,40 @@ def test_automatic_pick_takes_only_verified_kernels(monkeypatch):
 def test_verified_entry_needs_matching_sources(monkeypatch):
     from fusedops.kernels import verified
 
-    module = "fusedops.kernels.triton.quick_gelu"
-    record = {"sources": verified.sources_hash("triton", module), "gpu": "H100", "date": "d"}
+    files = dispatch.source_files("quick_gelu", "triton")
+    record = {"sources": verified.sources_hash(files), "gpu": "H100", "date": "d"}
     monkeypatch.setattr(verified, "recorded", lambda: {"quick_gelu": {"triton": record}})
     assert dispatch.gpu_verified("quick_gelu", "triton")
     assert dispatch.verified_entry("quick_gelu", "triton")["gpu"] == "H100"
     assert not dispatch.gpu_verified("quick_gelu", "cuda")
     assert not dispatch.gpu_verified("layer_norm", "triton")
-    monkeypatch.setattr(verified, "sources_hash", lambda backend, module: "edited")
+    edited = {**record, "sources": "the hash of other sources"}
+    monkeypatch.setattr(verified, "recorded", lambda: {"quick_gelu": {"triton": edited}})
     assert not dispatch.gpu_verified("quick_gelu", "triton")
 
 
 def test_kernel_sources_cover_imports_and_cuda_shared_files():
     from fusedops.kernels import verified
 
-    names = lambda backend, module: {
-        str(p.relative_to(verified.PACKAGE_ROOT)) for p in verified.source_files(backend, module)
+    names = lambda op, backend: {
+        str(p.relative_to(verified.PACKAGE_ROOT)) for p in dispatch.source_files(op, backend)
     }
-    triton_nms = names("triton", "fusedops.kernels.triton.nms")
+    triton_nms = names("nms", "triton")
     assert {"kernels/triton/nms.py", "kernels/shared/nms_plan.py"} <= triton_nms
-    assert "_alloc.py" not in triton_nms and "dispatch.py" not in triton_nms
-    assert not any(name.startswith("ops/") for name in triton_nms)
-    shared = {f"kernels/cuda/{name}" for name in verified.CUDA_SHARED_FILES}
+    assert "_alloc.py" not in triton_nms and "_env.py" not in triton_nms
+    assert not any(name.startswith(("ops/", "dispatch/")) for name in triton_nms)
+    shared = {f"kernels/cuda/{name}" for name in CUDA.SHARED_FILES}
     assert {"kernels/cuda/library.cpp", "kernels/cuda/bindings.h"} <= shared
     for op in ("quick_gelu", "deform_conv2d"):
-        sources = names("cuda", f"fusedops.kernels.cuda.{op}")
+        sources = names(op, "cuda")
         own = {f"kernels/cuda/{op}{suffix}" for suffix in (".cu", ".h", "_bindings.cpp")}
         assert own | shared <= sources, op
         # no other op's kernel, header or binding
         cuda_files = {name for name in sources if name.startswith("kernels/cuda/")}
         assert cuda_files - own - shared == {f"kernels/cuda/{op}.py"}, op
-    assert "kernels/deform_conv2d_host.py" in names("cuda", "fusedops.kernels.cuda.deform_conv2d")
-    assert "kernels/device.py" in names("triton", "fusedops.kernels.triton.window_attention")
+    assert "kernels/deform_conv2d_host.py" in names("deform_conv2d", "cuda")
+    assert "kernels/device.py" in names("window_attention", "triton")
+    assert dispatch.source_files("quick_gelu", "native") == ()
 
 
 def test_recorded_entries_are_complete_and_current():
@@ -181,7 +187,7 @@ def test_recorded_entries_are_complete_and_current():
     for name, backends in verified.recorded().items():
         assert name in dispatch.registered_ops(), name
         for backend, record in backends.items():
-            assert backend in dispatch.KERNEL_BACKENDS
+            assert dispatch.is_kernel(backend)
             assert {"sources", "gpu", "date", "commit", "evidence"} <= set(record), (name, backend)
 
 
@@ -275,10 +281,10 @@ def test_window_attention_never_picks_the_unfused_cuda_path(monkeypatch):
     monkeypatch.delenv("FUSEDOPS_BACKEND", raising=False)
     monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
     monkeypatch.setattr(build, "known_state", lambda: None)
-    monkeypatch.setattr(dispatch, "_cuda_missing", lambda: None)
+    monkeypatch.setattr(CUDA, "probe_build", lambda: None)
     q = SimpleNamespace(**vars(_cuda_input()), shape=(4, 3, 49, 32))
     assert dispatch.select_name("window_attention", q, q, q, None, None) == "triton"
-    monkeypatch.setattr(dispatch, "_triton_missing", lambda: "triton is not installed")
+    monkeypatch.setattr(TRITON, "missing", lambda: "triton is not installed")
     assert dispatch.select_name("window_attention", q, q, q, None, None) == "native"
     forced = dispatch.select_name("window_attention", q, q, q, None, None, backend="cuda")
     assert forced == "cuda"

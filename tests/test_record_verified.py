@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fusedops import dispatch
 from fusedops.kernels import verified
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "record_verified.py"
@@ -89,7 +90,8 @@ def test_records_only_kernels_whose_files_passed_on_cuda(recorder, tmp_path):
     assert set(table["quick_gelu"]) == {"triton", "cuda"}
     assert set(table["nms"]) == {"triton"}  # no passed case named cuda
     entry = table["quick_gelu"]["triton"]
-    assert entry["sources"] == verified.sources_hash("triton", "fusedops.kernels.triton.quick_gelu")
+    files = dispatch.source_files("quick_gelu", "triton")
+    assert entry["sources"] == verified.sources_hash(files)
     assert (entry["gpu"], entry["commit"], entry["date"]) == ("H100", "abc", "2026-11-26")
 
 

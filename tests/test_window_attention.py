@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import fusedops
+from fusedops._env import triton_interpreter
 from fusedops.ops.window_attention import reference
 from fusedops.testing import TF32, TF32X3, assert_close, non_contiguous, random_tensor
 from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS
@@ -243,7 +244,6 @@ def test_the_a100_launches_compute_the_same(monkeypatch, n, d, dtype):
     """The blocked kernels at the launches a GPU of compute capability 8.x gets
     (LONG_LAUNCHES_SM80: other query and key blocks than sm_90's at these shapes), forward and
     backward against the reference."""
-    from fusedops import dispatch
     from fusedops.kernels.triton import window_attention as kernels
 
     if "triton" not in KERNEL_BACKENDS:
@@ -252,7 +252,7 @@ def test_the_a100_launches_compute_the_same(monkeypatch, n, d, dtype):
 
     def a100_options(q):
         n, d = q.shape[-2:]
-        interpreter, tf32 = dispatch.triton_interpreter(), kernels.tf32_allowed()
+        interpreter, tf32 = triton_interpreter(), kernels.tf32_allowed()
         seen.append(kernels.launch_options(n, d, q.dtype, interpreter, tf32, arch=80))
         return seen[-1]
 
@@ -612,7 +612,7 @@ def test_unsupported_reasons_is_the_one_place_of_the_limits():
         (reason,) = unsupported_reasons(backend, q, k, v, bias, None)
         assert reason.startswith("relative_pos_bias has dtype torch.float64")
     wide = torch.ones(2, 1, 257, 48, device=DEVICE)
-    for backend in fusedops.dispatch.BACKENDS:
+    for backend in fusedops.dispatch.backend_names():
         n_reason, d_reason = unsupported_reasons(backend, wide, wide, wide)
         assert "N=257" in n_reason and "d=48" in d_reason
     with pytest.raises(ValueError, match="N=257.*; .*d=48"):

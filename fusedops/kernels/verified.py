@@ -7,12 +7,14 @@ A kernel counts as verified only while the hash of its sources *now* equals the 
 any edit to the kernel, to a kernel-side helper it imports, or (CUDA) to the extension's shared
 files makes it unverified again until a GPU run passes it.
 
-The sources of a kernel backend are:
+Which files make up a kernel is its backend's to say (``Backend.source_files``, in
+``fusedops/dispatch/``); this module hashes them and reads the table. For the built-in kernels:
 
 - its Python module (``fusedops/kernels/<backend>/<op>.py``) and, transitively, every module
-  under ``fusedops/kernels/`` that it imports (the helpers shared with the references, Philox,
-  window geometry, NMS plans, live in ``kernels/shared/``); host plumbing
-  (``fusedops/_alloc.py``, ``fusedops/dispatch.py``) does not, since the CPU suite tests it;
+  under ``fusedops/kernels/`` that it imports (``module_sources``; the helpers shared with the
+  references, Philox, window geometry, NMS plans, live in ``kernels/shared/``); host plumbing
+  (``fusedops/_alloc.py``, ``fusedops/_env.py``, ``fusedops/dispatch/``) does not, since the
+  CPU suite tests it;
 - for CUDA, also the op's own files named like the module (``<op>.cu``, ``<op>.h``, its
   launchers' declarations, and ``<op>_bindings.cpp``) and the extension's shared files
   (``library.cpp``, ``bindings.h``, ``dtype.h``, ``device.cuh``, ``build.py``); another op's
@@ -33,13 +35,13 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 VERIFIED_FILE = Path(__file__).resolve().with_name("verified.json")
-CUDA_SHARED_FILES = ("library.cpp", "bindings.h", "dtype.h", "device.cuh", "build.py")
 #: Host-side modules left out of a kernel's sources (tested by the CPU suite on every run).
-HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops.dispatch")
+HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops._env", "fusedops.dispatch")
 
 
-def _module_file(module: str) -> Path:
-    # The file of a fusedops module, found without importing it (the path follows the name).
+def module_file(module: str) -> Path:
+    """The file of fusedops module ``module``, found without importing it (the path follows the
+    name)."""
     relative = Path(*module.split(".")[1:])
     candidate = PACKAGE_ROOT / relative.with_suffix(".py")
     if candidate.exists():
@@ -79,34 +81,30 @@ def _fusedops_imports(path: Path) -> set[str]:
     return fusedops_imports(path) - set(HOST_MODULES)
 
 
-def source_files(backend: str, module: str) -> list[Path]:
-    """The files whose contents make up kernel backend ``backend`` implemented by ``module``."""
+@functools.cache
+def module_sources(module: str) -> frozenset[Path]:
+    """The files of kernel module ``module``: its own and, transitively, every module under
+    ``fusedops/kernels/`` it imports (host plumbing left out: ``HOST_MODULES``). A backend's
+    ``source_files`` adds what else its kernels are built from (the CUDA extension's files)."""
     files: set[Path] = set()
     pending = [module]
     while pending:
         name = pending.pop()
-        path = _module_file(name)
+        path = module_file(name)
         if path in files:
             continue
         files.add(path)
         if name.startswith("fusedops.kernels"):
             pending.extend(_fusedops_imports(path))
-    if backend == "cuda":
-        folder = _module_file(module).parent
-        files.update(folder / name for name in CUDA_SHARED_FILES)
-        stem = _module_file(module).with_suffix("")
-        own_files = (".cu", ".h", "_bindings.cpp")
-        for own in (stem.with_name(stem.name + suffix) for suffix in own_files):
-            if own.exists():
-                files.add(own)
-    return sorted(files)
+    return frozenset(files)
 
 
 @functools.cache
-def sources_hash(backend: str, module: str) -> str:
-    """sha256 over the relative path and bytes of each of the kernel's source files."""
+def sources_hash(files: tuple[Path, ...]) -> str:
+    """sha256 over the relative path and bytes of each file of ``files`` (in that order: a
+    backend's ``source_files`` gives them sorted)."""
     digest = hashlib.sha256()
-    for path in source_files(backend, module):
+    for path in files:
         digest.update(str(path.relative_to(PACKAGE_ROOT)).encode())
         digest.update(b"\0")
         digest.update(path.read_bytes())
@@ -122,9 +120,11 @@ def recorded() -> dict[str, dict[str, dict]]:
     return json.loads(VERIFIED_FILE.read_text()).get("kernels", {})
 
 
-def entry(op: str, backend: str, module: str) -> dict | None:
-    """The recorded entry of ``op``'s ``backend`` kernel if its sources still match, else None."""
+def entry(op: str, backend: str, digest: str) -> dict | None:
+    """The recorded entry of ``op``'s ``backend`` kernel if ``digest``, the ``sources_hash``
+    of its source files now (the backend's ``source_files``), is the recorded one, else
+    None (also for an empty digest: a backend with nothing to verify)."""
     found = recorded().get(op, {}).get(backend)
-    if found is None or found.get("sources") != sources_hash(backend, module):
+    if found is None or not digest or found.get("sources") != digest:
         return None
     return found

@@ -201,7 +201,7 @@ def unsupported_reasons(backend: str, main, residual=None, bias=None) -> list[st
     float32/float16/bfloat16 (an fp64 one means fp64 math) goes to the native backend or the
     reference, which take any float dtype.
     """
-    if backend not in dispatch.KERNEL_BACKENDS:
+    if not dispatch.is_kernel(backend):
         return []
     return [
         f"{name} has dtype {t.dtype} (the kernels take float32, float16 or bfloat16)"

@@ -375,15 +375,20 @@ def _rms_norm_rows(x, weight, eps, backend, out_dtype, xhat_dtype, shape):
     return rows, weight, eps, backend, out_dtype, xhat_dtype
 
 
-def _cuda_extension(chosen, name, x, weight, bias, n):
-    """The CUDA launcher module when an eager call takes the extension's op with its autograd
-    in C++ (the dispatch rule picked ``chosen`` = cuda and the kernels read the parameters as
-    they are), else None: then the autograd.Function, whose backward is Python, runs whichever
-    backend the rule picks."""
-    if chosen != "cuda" or x.device.type != "cuda" or unsupported_reasons("cuda", x, n):
+def _with_own_autograd(chosen, name, x, weight, bias, n):
+    """The implementation of backend ``chosen`` when it offers the whole call with its own
+    autograd (``norm_with_autograd``: the CUDA extension's op, its autograd in C++) and takes
+    these inputs (``takes_params``, the op's limits), else None: then the autograd.Function,
+    whose backward is Python, runs whichever backend the rule picked."""
+    if not x.is_cuda:
         return None
-    impl = dispatch.implementation(name, "cuda")
-    return impl if impl.takes_params(x, weight, bias) else None
+    impl = dispatch.implementation(name, chosen)
+    takes = getattr(impl, "takes_params", None)
+    if takes is None or not hasattr(impl, "norm_with_autograd"):
+        return None
+    if unsupported_reasons(chosen, x, n) or not takes(x, weight, bias):
+        return None
+    return impl
 
 
 class _PickedNormFunction(torch.autograd.Function):
@@ -446,9 +451,9 @@ def _on_kernel_backend(name, chosen, x, weight, bias, eps, rms, n):
     """y on backend ``chosen`` (not native): the CUDA extension's op with its C++ autograd
     where it takes the parameters, else ``_PickedNormFunction`` on ``chosen``'s
     implementation."""
-    cuda = _cuda_extension(chosen, name, x, weight, bias, n)
-    if cuda is not None:
-        return cuda.norm_with_autograd(x, weight, bias, n, eps, rms)
+    own = _with_own_autograd(chosen, name, x, weight, bias, n)
+    if own is not None:
+        return own.norm_with_autograd(x, weight, bias, n, eps, rms)
     impl = dispatch.implementation(name, chosen)
     return apply_function(_PickedNormFunction, (x, weight, bias, eps, impl, rms, n))
 

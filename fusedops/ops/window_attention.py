@@ -113,7 +113,7 @@ def unsupported_reasons(backend: str, q, k, v, bias=None, mask=None) -> list[str
         reasons.append(
             f"q has head dim d={d}; window_attention takes d in {HEAD_DIMS}, not head dim {d}"
         )
-    if backend in dispatch.KERNEL_BACKENDS:
+    if dispatch.is_kernel(backend):
         reasons.extend(
             f"{name} has dtype {t.dtype} (the kernels read float32, float16 or bfloat16)"
             for name, t in (("relative_pos_bias", bias), ("attn_mask", mask))

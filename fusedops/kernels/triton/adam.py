@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedops import dispatch
+from fusedops._env import triton_interpreter
 from fusedops.kernels.shared.adam import step_arguments
 
 #: Elements per chunk (one program) and per inner iteration.
@@ -336,7 +336,7 @@ def step(
     chunk/block (elements per program / per iteration; chunk a multiple of block) and the
     table capacities default to the module constants (smaller chunks under the interpreter).
     """
-    interpreted = dispatch.triton_interpreter()
+    interpreted = triton_interpreter()
     chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
     block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
     lists, o = step_arguments(lists, options)

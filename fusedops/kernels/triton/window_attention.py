@@ -58,7 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedops import _alloc, dispatch
+from fusedops import _alloc
+from fusedops._env import triton_interpreter
 from fusedops.kernels.device import device_index, groups_to_fill, multiprocessors, tf32_allowed
 
 #: Key/query block of the kernels; windows longer than this take several blocks.
@@ -1045,7 +1046,7 @@ def _groups(q: torch.Tensor, key_blocks: int) -> int:
     windows, heads = q.shape[0], q.shape[1]
     if windows == 0:
         return 0
-    if q.device.type != "cuda" or dispatch.triton_interpreter():
+    if q.device.type != "cuda" or triton_interpreter():
         return min(windows, INTERPRETER_GROUPS)
     target = PROGRAMS_PER_SM * multiprocessors(q.device)
     return groups_to_fill(windows, heads * key_blocks, target)
@@ -1070,7 +1071,7 @@ def _options(q: torch.Tensor) -> dict:
     """``launch_options`` for q's shape, dtype, device (its compute capability) and torch's
     TF32 setting."""
     n, d = q.shape[-2:]
-    interpreter = dispatch.triton_interpreter()
+    interpreter = triton_interpreter()
     cuda = q.device.type == "cuda" and not interpreter
     arch = _device_arch(device_index(q.device)) if cuda else 90
     return launch_options(n, d, q.dtype, interpreter, tf32_allowed(), arch)
@@ -1081,7 +1082,7 @@ def _short_chunks(q: torch.Tensor, masks: int) -> tuple[int, int]:
     (chunk, window position, head); enough chunks to fill the GPU, none of them empty. Fixed
     for a device and shape, so d_bias is summed in the same order every run."""
     images, heads = q.shape[0] // masks, q.shape[1]
-    if q.device.type != "cuda" or dispatch.triton_interpreter():
+    if q.device.type != "cuda" or triton_interpreter():
         chunks = min(images, INTERPRETER_GROUPS)
     else:
         target = PROGRAMS_PER_SM * multiprocessors(q.device)

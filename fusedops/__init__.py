@@ -32,6 +32,7 @@ _ATTRIBUTES = {
     "soft_nms": "fusedops.ops.nms",
     "batched_soft_nms": "fusedops.ops.nms",
     "auto_checkpoint": "fusedops.utils.checkpoint",
+    "info": "fusedops._info",
     "deform_conv2d": "fusedops.ops.deform_conv2d",
 }
 _SUBMODULES = (

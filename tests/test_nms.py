@@ -544,8 +544,8 @@ def test_xla_soft_nms_lowering_stops_at_nan_scores(monkeypatch):
 
     from jax import lax
 
-    from fusedops.kernels.xla import nms as xla_nms
     from fusedops.xla import lower
+    from fusedops.xla.fused import nms as xla_nms
 
     lowering = lower.LOWERINGS[torch.ops.fusedops.soft_nms.default]
     many, many_scores = random_boxes(12, "heavy", device="cpu")

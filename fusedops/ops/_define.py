@@ -41,7 +41,8 @@ module that names its bodies by the convention of ``BODY_NAMES`` (``_forward``,
 globals())``.
 
 The XLA lowering of each op (docs/contract.md, "The XLA lowering contract") lives in
-``kernels/xla/<op>.py`` under the op's own name, beside its Triton and CUDA kernels;
+``fusedops/xla/fused/<op>.py`` under the op's own name (above the op: it imports the lowering
+registry of ``fusedops.xla``, so it does not sit with the Triton and CUDA kernels);
 ``fusedops.xla.lower`` registers every module listed in ``ops.OP_MODULES``, and
 ``tests/xla/test_fusedops_lowerings.py`` checks that every ``fusedops::`` op has one.
 """

@@ -1,6 +1,6 @@
 """What the Swin attention ops (``swin_softmax``, ``window_attention``) share, in torch: window
 ``z``'s mask ``mask[z % nW]`` and the softmax whose fully masked rows give zeros.
-``kernels/xla/_swin.py`` is the same in jax.numpy, and the kernels follow the same rule:
+``fusedops/xla/fused/_swin.py`` is the same in jax.numpy, and the kernels follow the same rule:
 
 A row is fully masked when its max is -inf (every entry -inf): its softmax is 0, not NaN. A row
 holding NaN or +inf has a NaN or +inf max, so its softmax is NaN, as ``torch.softmax`` gives.

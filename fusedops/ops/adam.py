@@ -166,7 +166,7 @@ dispatch.register_op(
 )
 
 
-def _adam_step_body(
+def adam_step_body(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
     exp_avgs: list[torch.Tensor],
@@ -188,8 +188,28 @@ def _adam_step_body(
     clip_coef: torch.Tensor | None,
     backend: str | None = None,
 ) -> None:
-    """The step itself, the body of ``fusedops::adam_step`` (and its eager path): ``adam_step``'s
-    arguments, positionally."""
+    """The body of the custom op ``fusedops::adam_step`` (what the op runs, and what plain eager
+    calls run directly): one Adam / AdamW step of a group of tensors, in place. Its arguments
+    are the op's, in the op's order, as ``adam_step`` passes them.
+
+    The seven lists are elementwise aligned with ``params`` (one device, one param dtype:
+    fp32/fp16/bf16 on the kernels, also fp64 on the reference backend; zero-element params
+    allowed): ``grads`` in the param dtype; ``exp_avgs``, ``exp_avg_sqs`` and
+    ``max_exp_avg_sqs`` (empty unless ``amsgrad``) in the param dtype, or float32 with master
+    weights; ``masters`` float32 copies of the params (empty: no master weights); ``steps`` one
+    float32 0-d tensor per param. ``lr`` is a Python float, or 0.0 with ``lr_tensor`` a 0-d
+    float32 tensor on the params' device that replaces it. ``grad_scale``, ``found_inf`` and
+    ``clip_coef`` are None or 0-d float32 tensors on the params' device (see the module
+    docstring for the math). ``backend``: "cuda" | "triton" | "native" | "reference", or None
+    for the dispatch rule.
+
+    Every ``steps`` tensor is incremented by one; then the backend picked for the params with
+    at least one element updates them in place (params, moments, masters, and the gradients
+    when ``grad_scale`` unscales them), writing nothing where ``found_inf`` is nonzero; then,
+    with ``found_inf``, its value (0.0 or 1.0 from a GradScaler) is subtracted from every step,
+    so a skipped step does not count. Returns None. Callers outside the op use it to run the
+    op's exact math on tensors they own (``fusedops.xla.optim_math`` runs it on copies, on the
+    reference backend)."""
     torch._foreach_add_(steps, 1)
     kernel_lists = _nonempty(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, masters, steps)
     if kernel_lists[0]:
@@ -221,7 +241,7 @@ def _adam_step_fake(*args, **kwargs) -> None:
 # directly (define_op), elsewhere the custom op.
 ADAM_STEP = define_op(
     "adam_step",
-    forward=_adam_step_body,
+    forward=adam_step_body,
     fake=_adam_step_fake,
     mutates_args=(
         "params",

@@ -18,7 +18,7 @@ Boxes are (x1, y1, x2, y2); IoU is computed in float32 for float32/float16/bfloa
 
 Static and data-dependent parts. The custom ops have outputs of fixed shape, so they have fake
 implementations, run under torch.compile / torch.export and have XLA lowerings
-(``kernels/xla/nms.py``)::
+(``fusedops/xla/fused/nms.py``)::
 
     fusedops::nms(boxes, scores, idxs?, iou_threshold, offset) -> (keep (N,) int64, count)
     fusedops::soft_nms(boxes, scores, idxs?, iou_threshold, sigma, min_score, method, offset)

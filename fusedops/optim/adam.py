@@ -456,6 +456,16 @@ class FusedAdamW(_FusedAdamMixin, _AdamW):
         self._setup(master_weights, backend, differentiable, max_grad_norm, norm_type)
 
 
+def is_fused_adam(optimizer: object) -> bool:
+    """Whether ``optimizer`` is one of this module's optimizers: a FusedAdam or FusedAdamW
+    (or an instance of a subclass of either), so its ``step()`` runs fusedops' ``adam_step``
+    with this module's state layout (float32 ``step`` tensors on the params' device; with
+    ``master_weights``, float32 moments and ``master_param``) and its attributes
+    ``max_grad_norm`` / ``norm_type`` / ``grad_scale`` / ``found_inf``. False for anything
+    else, torch.optim.Adam / AdamW included. Reads no state and synchronises nothing."""
+    return isinstance(optimizer, _FusedAdamMixin)
+
+
 def _check_lr(lr) -> None:
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")

@@ -1,6 +1,6 @@
 """The lowering table, loaded: every core ATen op's lowering (``lower_pointwise``,
 ``lower_reduce``, ``lower_shape``, ``lower_nn``, ``lower_pool``, ``lower_linalg``) and every
-fusedops op's (``fusedops/kernels/xla/<op>.py``) registered in ``LOWERINGS``. The registry and
+fusedops op's (``fusedops/xla/fused/<op>.py``) registered in ``LOWERINGS``. The registry and
 its helpers live in ``lower_table`` (see there for the table's contract); their names are
 re-exported here for the bridge and the tests.
 
@@ -41,7 +41,7 @@ from fusedops.xla.lower_table import (  # noqa: F401  (re-exported)
 
 
 def _load_fusedops_lowerings() -> None:
-    """Register the lowering of every fusedops op (``kernels/xla/<op>.py``, docs/contract.md,
+    """Register the lowering of every fusedops op (``fusedops/xla/fused/<op>.py``, docs/contract.md,
     "The XLA lowering contract"); importing an op's module first defines its
     ``torch.ops.fusedops`` ops."""
     import importlib
@@ -51,7 +51,7 @@ def _load_fusedops_lowerings() -> None:
 
     for name in ops.OP_MODULES:
         importlib.import_module(f"fusedops.ops.{name}")
-        module = f"fusedops.kernels.xla.{name}"
+        module = f"fusedops.xla.fused.{name}"
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
 

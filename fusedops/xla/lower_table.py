@@ -10,7 +10,7 @@ for the ``auto_functionalized`` nodes functionalization turns their calls into
 (:func:`call_functionalized`). Backward ops are ``jax.vjp`` of the forward lowering wherever that
 is exact. The lowerings live in ``lower_pointwise``, ``lower_reduce``, ``lower_shape``,
 ``lower_nn``, ``lower_pool`` and ``lower_linalg``; fusedops' own ops' in
-``fusedops/kernels/xla/<op>.py``. This module holds the registry and the helpers they share;
+``fusedops/xla/fused/<op>.py``. This module holds the registry and the helpers they share;
 ``fusedops.xla.lower`` loads them all (the lowering modules import this one, never that one,
 so no module imports itself back).
 

@@ -9,10 +9,10 @@ torch casts them, so results match ``torch.optim`` to rounding.
 
 fusedops' ``FusedAdam`` / ``FusedAdamW`` (kinds ``"FusedAdam"``, ``"FusedAdamW"``) keep their own
 state layout (float32 ``step``; with ``master_weights``, float32 moments and ``master_param``)
-and their update is the body of fusedops' ``adam_step`` op on its reference backend, run on
-copies of the traced tensors, so the traced step has exactly the optimizer's math (fp32 for
-16-bit params, master weights). (The op itself cannot be traced here: ``torch.func.functionalize``
-does not functionalize custom ops that write tensor lists.)
+and their update is the body of fusedops' ``adam_step`` op (``fusedops.ops.adam.adam_step_body``)
+on its reference backend, run on copies of the traced tensors, so the traced step has exactly
+the optimizer's math (fp32 for 16-bit params, master weights). (The op itself cannot be traced
+here: ``torch.func.functionalize`` does not functionalize custom ops that write tensor lists.)
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ FUSED_STATIC_ATTRIBUTES = ("max_grad_norm", "norm_type")
 
 
 def _fused(optimizer: torch.optim.Optimizer) -> bool:
-    from fusedops.optim.adam import _FusedAdamMixin
+    from fusedops.optim.adam import is_fused_adam
 
-    return isinstance(optimizer, _FusedAdamMixin)
+    return is_fused_adam(optimizer)
 
 
 def kind(optimizer: torch.optim.Optimizer) -> str:
@@ -139,7 +139,7 @@ def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool, cl
     """One FusedAdam / FusedAdamW step for one parameter: the body of fusedops' ``adam_step``
     op (reference backend: plain torch ops) on copies of ``p`` and its state (functional);
     ``clip_coef`` (0-d float32 or None): the gradient clipping factor of the step."""
-    from fusedops.ops.adam import _adam_step_body
+    from fusedops.ops.adam import adam_step_body
 
     beta1, beta2 = group["betas"]
     new = {n: t.clone() for n, t in state.items()}
@@ -153,7 +153,7 @@ def fused_adam_update(p, grad, state: dict, group: dict, lr, decoupled: bool, cl
                 for n, t in new_real.items()}  # fmt: skip
         return torch.view_as_complex(new_p), back
     amsgrad = group["amsgrad"]
-    _adam_step_body(
+    adam_step_body(
         [p], [grad], [new["exp_avg"]], [new["exp_avg_sq"]],
         [new["max_exp_avg_sq"]] if amsgrad else [],
         [new["master_param"]] if "master_param" in new else [], [new["step"]],

@@ -5,7 +5,7 @@ The ops are discovered, not listed: every op in the ``fusedops`` namespace after
 sample inputs (one XLA program forward, one backward where the op is differentiable, so its
 ``<name>_backward`` op is lowered too) and is compared with the eager op, outputs and gradients.
 Sample inputs come from ``SAMPLES`` below or from a ``samples(name)`` function beside the op's
-lowering in ``fusedops/kernels/xla/<op>.py`` (a list of argument tuples for forward op
+lowering in ``fusedops/xla/fused/<op>.py`` (a list of argument tuples for forward op
 ``name``);
 a new op without either fails ``test_every_forward_op_has_samples``.
 """
@@ -93,14 +93,14 @@ def _samples(name: str):
 def test_every_fusedops_op_has_a_lowering():
     assert {"quick_gelu", "layer_norm", "rms_norm", "adam_step"} <= set(OPS)
     missing = sorted(n for n, op in OPS.items() if op not in lower.LOWERINGS)
-    assert not missing, f"fusedops ops without an XLA lowering (kernels/xla/<op>.py): {missing}"
+    assert not missing, f"fusedops ops without an XLA lowering (xla/fused/<op>.py): {missing}"
 
 
 def test_every_forward_op_has_samples():
     missing = [n for n in FORWARD_OPS if _samples(n) is None]
     assert not missing, (
         f"no sample inputs for {missing}: add them to SAMPLES here or a samples(name) function "
-        "beside the lowering in fusedops/kernels/xla/<op>.py"
+        "beside the lowering in fusedops/xla/fused/<op>.py"
     )
 
 

@@ -1,6 +1,9 @@
-"""XLA lowerings of fusedops' own ops: ``kernels/xla/<op>.py`` holds the op's math in
+"""XLA lowerings of fusedops' own ops: ``fusedops/xla/fused/<op>.py`` holds the op's math in
 jax.numpy/lax, forward and backward, for ``torch.ops.fusedops.<name>`` and its backward op, so
 a fused op inside a ``partial_trace`` / ``xla_trace`` region stays inside the one XLA program.
+They live here, above the ops they lower (they import ``fusedops.xla.lower_table``), not beside
+the Triton and CUDA kernels: nothing under ``fusedops/kernels/`` imports ``fusedops.xla``, and
+only ``fusedops.xla`` (``lower``) imports these modules.
 
 Each module registers with ``fusedops.xla.lower.register`` on import; ``fusedops.xla.lower``
 imports the module of every op in ``fusedops.ops.OP_MODULES`` (importing these imports jax).

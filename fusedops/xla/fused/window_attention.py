@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from fusedops.kernels.xla._swin import add_window_mask, shifted_exp
+from fusedops.xla.fused._swin import add_window_mask, shifted_exp
 from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
-from fusedops.kernels.xla._swin import add_window_mask, masked_softmax
+from fusedops.xla.fused._swin import add_window_mask, masked_softmax
 from fusedops.xla.lower_table import register, upcast
 
 fusedops = torch.ops.fusedops

@@ -5,6 +5,8 @@ sources (every import statement, function-level ones included)."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 from fusedops.kernels.verified import fusedops_imports
@@ -120,3 +122,109 @@ def test_the_upward_check_sees_a_planted_breach(tmp_path):
         "fusedops.integrations.transformers.attention",
     ]
     assert not _within("fusedops.nnx", LOWER_LAYERS) and _within("fusedops.nn.swin", LOWER_LAYERS)
+
+
+# ------------------------------------------------------------------------------------------
+# The floor table of docs/contract.md ("Layers"): every module on one floor, every import
+# (statements, function-level ones included, and import targets written as strings) from its
+# own floor or below.
+
+CONTRACT = PACKAGE.parent / "docs" / "contract.md"
+
+
+def floor_table(text: str) -> dict[str, int]:
+    """pattern -> floor, from the table under "## Layers" (``name.*``: the package and what is
+    in it; a plain name: that module)."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].isdigit():
+            continue
+        for pattern in re.findall(r"`([\w.*]+)`", cells[1]):
+            assert pattern not in table, f"{pattern} is on two floors"
+            table[pattern] = int(cells[0])
+    return table
+
+
+def floor_of(module: str, table: dict[str, int]) -> int | None:
+    """The floor of ``module``: the row of its longest matching pattern (None: unplaced)."""
+    best, floor = -1, None
+    for pattern, level in table.items():
+        package = pattern.removesuffix(".*")
+        matches = module == package or (pattern.endswith(".*") and module.startswith(f"{package}."))
+        if matches and len(package) > best:
+            best, floor = len(package), level
+    return floor
+
+
+def import_targets(path: Path, modules) -> set[str]:
+    """The fusedops modules ``path`` imports: statements anywhere in it, and strings naming a
+    module (``"fusedops.x.y"``, ``"fusedops.x.y:attr"``) or an f-string starting with
+    ``"fusedops.x."`` (package ``fusedops.x``), as importlib, ``resolve`` and lazy attribute
+    tables load them. The bare string "fusedops" (a logger, the torch.library namespace) is
+    no import."""
+    found = fusedops_imports(path) & set(modules)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value.split(":", 1)[0]
+            if "." in name and name in modules:
+                found.add(name)
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and isinstance(head.value, str):
+                package = head.value.rpartition(".")[0]
+                if "." in package and package in modules:
+                    found.add(package)
+    return found
+
+
+def against_the_floors(modules: dict[str, Path], table: dict[str, int]) -> list[str]:
+    """Each import that runs up the floors, and each module on no floor."""
+    found = []
+    for name, path in sorted(modules.items()):
+        floor = floor_of(name, table)
+        if floor is None:
+            found.append(f"{name}: on no floor of docs/contract.md")
+            continue
+        for imported in sorted(import_targets(path, modules) - {name}):
+            if (floor_of(imported, table) or 0) > floor:
+                found.append(
+                    f"{name} (floor {floor}) imports {imported} (floor {floor_of(imported, table)})"
+                )
+    return found
+
+
+def test_every_import_keeps_to_the_floors_of_the_contract():
+    table = floor_table(CONTRACT.read_text())
+    assert against_the_floors(MODULES, table) == []
+
+
+def test_the_floor_check_sees_an_upward_import_and_an_unplaced_module(tmp_path):
+    table = floor_table(CONTRACT.read_text())
+    assert floor_of("fusedops.kernels.triton.adam", table) < floor_of("fusedops.dispatch", table)
+    assert floor_of("fusedops.dispatch.registry", table) < floor_of("fusedops.dispatch", table)
+    assert floor_of("fusedops.hooks.registry", table) < floor_of(
+        "fusedops.integrations.timm.hooks", table
+    )
+    assert floor_of("fusedops.integrations.timm.hooks", table) < floor_of("fusedops.hooks", table)
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(
+        "def launch():\n"
+        "    from fusedops import dispatch\n"
+        "    importlib.import_module(f'fusedops.xla.fused.{name}')\n"
+        "    resolve('fusedops.nn.quick_gelu:fused_subclass')\n"
+        "    log = 'fusedops'\n"
+    )
+    planted = {**MODULES, "fusedops.kernels.triton.planted": kernel, "fusedops.elsewhere": kernel}
+    found = [
+        line
+        for line in against_the_floors(planted, table)
+        if "planted" in line or "elsewhere" in line
+    ]
+    assert found == [
+        "fusedops.elsewhere: on no floor of docs/contract.md",
+        "fusedops.kernels.triton.planted (floor 1) imports fusedops.dispatch (floor 4)",
+        "fusedops.kernels.triton.planted (floor 1) imports fusedops.nn.quick_gelu (floor 6)",
+        "fusedops.kernels.triton.planted (floor 1) imports fusedops.xla.fused (floor 7)",
+    ]

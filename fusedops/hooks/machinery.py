@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _lock = threading.RLock()
-_log = logging.getLogger("fusedops.hooks")
+_log = logging.getLogger(__package__)  # "fusedops.hooks"
 
 
 @dataclass(frozen=True)

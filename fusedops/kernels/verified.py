@@ -35,8 +35,9 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 VERIFIED_FILE = Path(__file__).resolve().with_name("verified.json")
-#: Host-side modules left out of a kernel's sources (tested by the CPU suite on every run).
-HOST_MODULES = ("fusedops", "fusedops._alloc", "fusedops._env", "fusedops.dispatch")
+#: The package whose modules make up kernels: what a kernel imports from outside it is host
+#: plumbing (``fusedops/_alloc.py``, ``fusedops/_env.py``), tested by the CPU suite on every run.
+KERNELS_PACKAGE = "fusedops.kernels"
 
 
 def module_file(module: str) -> Path:
@@ -76,16 +77,12 @@ def fusedops_imports(path: Path) -> set[str]:
     return names
 
 
-def _fusedops_imports(path: Path) -> set[str]:
-    """``fusedops_imports`` less the host plumbing a kernel's sources leave out."""
-    return fusedops_imports(path) - set(HOST_MODULES)
-
-
 @functools.cache
 def module_sources(module: str) -> frozenset[Path]:
     """The files of kernel module ``module``: its own and, transitively, every module under
-    ``fusedops/kernels/`` it imports (host plumbing left out: ``HOST_MODULES``). A backend's
-    ``source_files`` adds what else its kernels are built from (the CUDA extension's files)."""
+    ``fusedops/kernels/`` it imports (``KERNELS_PACKAGE``; host plumbing outside it left out).
+    A backend's ``source_files`` adds what else its kernels are built from (the CUDA
+    extension's files)."""
     files: set[Path] = set()
     pending = [module]
     while pending:
@@ -94,8 +91,11 @@ def module_sources(module: str) -> frozenset[Path]:
         if path in files:
             continue
         files.add(path)
-        if name.startswith("fusedops.kernels"):
-            pending.extend(_fusedops_imports(path))
+        pending.extend(
+            imported
+            for imported in fusedops_imports(path)
+            if imported.startswith(f"{KERNELS_PACKAGE}.")
+        )
     return frozenset(files)
 
 

@@ -1,0 +1,124 @@
+"""An op is wired in one place: the lists other code used to keep by hand are read from the
+package layout (``fusedops/_layout.py``: file names and ``ast``, nothing imported), or checked
+here where they stay hand-kept.
+
+Each derivation is checked twice: on the real package, where it must give at least the
+tables the package had when they were hand-kept (their values then, written out below; a new
+op adds to them without an edit here), and on a made-up package in a temporary folder, where
+a new op must be picked up without being listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusedops import _layout
+from fusedops.testing import run_python
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "fusedops"
+TESTS = REPO / "tests"
+
+# -- 1. fusedops.ops.OP_MODULES: the modules of fusedops/ops/ that register an op ------------
+
+#: The op modules and the helper modules of fusedops/ops/ when OP_MODULES was a hand-kept list.
+OP_MODULES = (
+    "adam",
+    "bias_dropout_add",
+    "deform_conv2d",
+    "layer_norm",
+    "nms",
+    "quick_gelu",
+    "swin_softmax",
+    "window_attention",
+    "window_process",
+)
+HELPERS = ("_checks", "_define", "_dtypes", "_eager", "_swin", "_transfer", "grad_norm")
+HELPERS += ("nms_reference",)
+
+
+def _package(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+#: A made-up ops folder: an op module, one registering two ops in a loop and one through a
+#: module-level constant, and helpers that must not count (private, or only mentioning
+#: register_op).
+FAKE_OPS = {
+    "__init__.py": "",
+    "my_op.py": (
+        "from fusedops import dispatch\n"
+        "__all__ = ['my_op']\n"
+        "dispatch.register_op('my_op', None, kernels='my_kernels')\n"
+        "def my_op(x):\n    return x\n"
+    ),
+    "pair.py": (
+        "from fusedops import dispatch\n"
+        "__all__ = ('pair_first', 'pair_second')\n"
+        "KERNELS = 'pair_kernels'\n"
+        "for _name in ('first', 'second'):\n"
+        "    dispatch.register_op(_name, None, kernels=KERNELS)\n"
+    ),
+    "named.py": (
+        "from fusedops.dispatch import register_op\n"
+        "__all__ = []\n"
+        "NAME = 'named'\n"
+        "register_op(NAME, None)\n"
+    ),
+    "_private.py": "from fusedops import dispatch\ndispatch.register_op('hidden', None)\n",
+    "helper.py": '"""Mentions dispatch.register_op(...) in its docstring only."""\nX = 1\n',
+}
+
+
+def test_op_modules_are_the_modules_that_register_an_op():
+    from fusedops import ops
+
+    assert ops.OP_MODULES == _layout.op_modules() == tuple(sorted(ops.OP_MODULES))
+    assert set(OP_MODULES) <= set(ops.OP_MODULES) and not set(HELPERS) & set(ops.OP_MODULES)
+    present = {path.stem for path in (PACKAGE / "ops").glob("*.py")}
+    assert set(ops.OP_MODULES) <= present
+    assert "OP_MODULES" in dir(ops)
+
+
+def test_a_new_op_module_is_found_without_a_list(tmp_path):
+    folder = _package(tmp_path / "ops", FAKE_OPS)
+    assert _layout.op_modules(folder) == ("my_op", "named", "pair")
+    found = [(r.op, r.module, r.kernels) for r in _layout.registrations(folder)]
+    assert found == [
+        ("my_op", "my_op", "my_kernels"),
+        ("named", "named", None),
+        ("first", "pair", "pair_kernels"),
+        ("second", "pair", "pair_kernels"),
+    ]
+
+
+def test_load_all_registers_every_op():
+    done = run_python(
+        "-c",
+        "from fusedops import dispatch, ops\n"
+        "ops.load_all()\n"
+        "print(sorted(dispatch.registered_ops()))\n",
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    registered = {r.op for r in _layout.registrations()}
+    assert done.stdout.split("\n")[-2] == repr(sorted(registered))
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"x.py": "register_op(make_name(), None)\n__all__ = []\n"}, "op name"),
+        ({"x.py": "register_op('x', None, kernels=pick())\n__all__ = []\n"}, "kernels="),
+        ({"x.py": "register_op('x', None)\n", "y.py": "register_op('x', None)\n"}, "more than"),
+    ],
+    ids=["computed-name", "computed-kernels", "registered-twice"],
+)
+def test_unreadable_registrations_fail_loudly(tmp_path, files, message):
+    with pytest.raises(_layout.LayoutError, match=message):
+        _layout.registrations(_package(tmp_path / "ops", files))

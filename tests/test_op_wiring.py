@@ -10,11 +10,14 @@ a new op must be picked up without being listed.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 from fusedops import _layout
+from fusedops._lazy import lazy_module
 from fusedops.testing import run_python
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,3 +125,120 @@ def test_load_all_registers_every_op():
 def test_unreadable_registrations_fail_loudly(tmp_path, files, message):
     with pytest.raises(_layout.LayoutError, match=message):
         _layout.registrations(_package(tmp_path / "ops", files))
+
+
+# -- 2. fusedops' lazy attributes: the op modules' __all__ ----------------------------------
+
+#: ``fusedops._ATTRIBUTES`` when it was hand-kept (ops and the rest).
+ATTRIBUTES = {
+    "quick_gelu": "fusedops.ops.quick_gelu",
+    "layer_norm": "fusedops.ops.layer_norm",
+    "rms_norm": "fusedops.ops.layer_norm",
+    "use_backend": "fusedops.dispatch",
+    "bias_dropout_add": "fusedops.ops.bias_dropout_add",
+    "bias_dropout_add_fused_train": "fusedops.ops.bias_dropout_add",
+    "bias_dropout_add_fused_inference": "fusedops.ops.bias_dropout_add",
+    "BackendUnavailableError": "fusedops.dispatch",
+    "replace_modules": "fusedops.hooks",
+    "window_attention": "fusedops.ops.window_attention",
+    "window_partition_roll": "fusedops.ops.window_process",
+    "window_reverse_roll": "fusedops.ops.window_process",
+    "swin_attention_softmax": "fusedops.ops.swin_softmax",
+    "nms": "fusedops.ops.nms",
+    "batched_nms": "fusedops.ops.nms",
+    "nms_normal": "fusedops.ops.nms",
+    "soft_nms": "fusedops.ops.nms",
+    "batched_soft_nms": "fusedops.ops.nms",
+    "auto_checkpoint": "fusedops.utils.checkpoint",
+    "deform_conv2d": "fusedops.ops.deform_conv2d",
+}
+
+
+def test_public_names_are_the_op_modules_all():
+    import fusedops
+
+    table = {**fusedops._ATTRIBUTES, **_layout.op_attributes()}
+    assert ATTRIBUTES.items() <= table.items()
+    submodules = list(fusedops._SUBMODULES)
+    assert fusedops.__all__ == sorted(table) + submodules
+    assert set(table) | set(submodules) <= set(dir(fusedops))
+    for name, module in table.items():
+        importlib.import_module(module)
+        assert getattr(fusedops, name) is getattr(sys.modules[module], name), name
+
+
+def test_import_reads_nothing_until_a_public_name_is_needed():
+    """``import fusedops`` reads no op module and imports no torch; a hand-listed name reads
+    none either; ``__all__`` reads them, without torch; ``from fusedops import *`` gives every
+    name."""
+    code = (
+        "import sys, fusedops\n"
+        "layout = 'fusedops._layout'\n"
+        "assert 'torch' not in sys.modules and layout not in sys.modules\n"
+        "fusedops.replace_modules\n"
+        "assert layout not in sys.modules, 'a hand-listed name read the op modules'\n"
+        "names = fusedops.__all__\n"
+        "assert layout in sys.modules and 'torch' not in sys.modules\n"
+        "assert set(names) <= set(dir(fusedops))\n"
+        "namespace = {}\n"
+        "exec('from fusedops import *', namespace)\n"
+        "assert set(names) <= set(namespace), set(names) - set(namespace)\n"
+        "print('ok')\n"
+    )
+    done = run_python("-c", code, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_a_new_op_modules_names_are_exported(tmp_path):
+    folder = _package(tmp_path / "ops", FAKE_OPS)
+    assert _layout.op_attributes(folder, package="fake.ops") == {
+        "my_op": "fake.ops.my_op",
+        "pair_first": "fake.ops.pair",
+        "pair_second": "fake.ops.pair",
+    }
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"x.py": "register_op('x', None)\n"}, "has no __all__"),
+        ({"x.py": "register_op('x', None)\n__all__ = ['a'] + B\n"}, "string literals"),
+        (
+            {
+                "x.py": "register_op('x', None)\n__all__ = ['same']\n",
+                "y.py": "register_op('y', None)\n__all__ = ['same']\n",
+            },
+            "__all__ of",
+        ),
+    ],
+    ids=["no-all", "computed-all", "exported-twice"],
+)
+def test_op_modules_without_a_readable_all_fail_loudly(tmp_path, files, message):
+    with pytest.raises(_layout.LayoutError, match=message):
+        _layout.op_attributes(_package(tmp_path / "ops", files))
+
+
+def test_lazy_module_derives_names_once_and_on_need():
+    calls = []
+
+    def derived():
+        calls.append(1)
+        return {"join": "os.path"}
+
+    namespace = {"__name__": "fake"}
+    getattr_, dir_ = lazy_module(namespace, {"sep": "os"}, ("json",), derived)
+    import os
+
+    assert getattr_("sep") == os.sep and calls == []
+    with pytest.raises(AttributeError):
+        getattr_("_private")
+    assert calls == []
+    assert getattr_("join") is os.path.join and calls == [1]
+    assert getattr_("__all__") == ["join", "sep", "json"] == namespace["__all__"]
+    assert {"join", "sep", "json"} <= set(dir_()) and calls == [1]
+    with pytest.raises(AttributeError):
+        getattr_("missing")
+    clash, _ = lazy_module({"__name__": "fake"}, {"sep": "os"}, (), lambda: {"sep": "os.path"})
+    with pytest.raises(ValueError, match="exported twice"):
+        clash("anything")

@@ -242,3 +242,80 @@ def test_lazy_module_derives_names_once_and_on_need():
     clash, _ = lazy_module({"__name__": "fake"}, {"sep": "os"}, (), lambda: {"sep": "os.path"})
     with pytest.raises(ValueError, match="exported twice"):
         clash("anything")
+
+
+# -- 3. benchmarks/record_verified.py OP_TEST_FILES: by the test files' names ---------------
+
+#: ``OP_TEST_FILES`` when it was hand-kept.
+OP_TEST_FILES = {
+    "quick_gelu": ("test_quick_gelu",),
+    "layer_norm": ("test_layer_norm", "test_layer_norm_hooks"),
+    "rms_norm": ("test_layer_norm", "test_rms_norm_variants"),
+    "adam": ("test_adam", "test_adam_clip"),
+    "bias_dropout_add": ("test_bias_dropout_add",),
+    "window_attention": ("test_window_attention", "test_window_attention_transformers"),
+    "swin_attention_softmax": ("test_swin_softmax",),
+    "window_partition_roll": ("test_window_process",),
+    "window_reverse_roll": ("test_window_process",),
+    "nms": ("test_nms",),
+    "soft_nms": ("test_nms",),
+    "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
+}
+
+
+@pytest.fixture(scope="module")
+def recorder():
+    spec = importlib.util.spec_from_file_location(
+        "record_verified_wiring", REPO / "benchmarks" / "record_verified.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_op_test_files_are_the_hand_kept_table(recorder):
+    assert OP_TEST_FILES.keys() <= recorder.OP_TEST_FILES.keys()
+    for op, stems in OP_TEST_FILES.items():
+        assert set(recorder.OP_TEST_FILES[op]) == set(stems), op
+    assert all(recorder.OP_TEST_FILES.values()), "an op without test files"
+    # the explicit tables name files that exist and that the convention does not give
+    named = set(recorder.NOT_KERNEL_TESTS) | {
+        s for stems in recorder.EXTRA_TEST_FILES.values() for s in stems
+    }
+    assert all((TESTS / f"{stem}.py").exists() for stem in named), named
+
+
+def test_a_new_ops_test_files_are_found_by_name(recorder, tmp_path):
+    folder = _package(tmp_path / "ops", FAKE_OPS)
+    tests = _package(
+        tmp_path / "tests",
+        {
+            f"{stem}.py": ""
+            for stem in (
+                "test_my_kernels",
+                "test_my_op",
+                "test_my_op_hooks",
+                "test_my_opx",  # another op's name
+                "test_first_variants",
+                "test_pair_kernels",
+                "test_named",
+                "test_nms_hooks",  # NOT_KERNEL_TESTS
+                "test_deform_conv2d",
+            )
+        },
+    )
+    found = recorder.op_test_files(_layout.registrations(folder), tests)
+    assert found == {
+        "my_op": ("test_my_kernels", "test_my_op", "test_my_op_hooks"),
+        "named": ("test_named",),
+        "first": ("test_pair_kernels", "test_first_variants"),
+        "second": ("test_pair_kernels",),
+    }
+    registered = [_layout.Registration("deform_conv2d", "x", None)]
+    registered.append(_layout.Registration("nms", "x", None))
+    assert recorder.op_test_files(registered, tests) == {
+        "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
+        "nms": (),
+    }

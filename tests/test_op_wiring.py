@@ -10,6 +10,7 @@ a new op must be picked up without being listed.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -319,3 +320,69 @@ def test_a_new_ops_test_files_are_found_by_name(recorder, tmp_path):
         "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
         "nms": (),
     }
+
+
+# -- 4. fusedops.nn's exports and fusedops.hooks' enable_* / disable_* ----------------------
+
+
+def _top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    }
+
+
+def _unexported(folder: Path, exported) -> list[str]:
+    """The names in the ``__all__`` of the public modules of ``folder`` not in ``exported``."""
+    modules = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    return sorted({n for path in modules for n in _layout.public_names(path)} - set(exported))
+
+
+def test_nn_exports_every_nn_modules_all():
+    """fusedops.nn keeps its explicit imports (its modules import torch anyway): its
+    ``__all__`` is every public ``fusedops/nn/<module>.py``'s ``__all__``, no more."""
+    import fusedops.nn
+
+    folder = PACKAGE / "nn"
+    assert _unexported(folder, fusedops.nn.__all__) == []
+    assert _unexported(folder, ()) == sorted(fusedops.nn.__all__)
+    for path in folder.glob("[!_]*.py"):
+        names = _layout.public_names(path)
+        assert set(names) <= _top_level_names(path), path.name
+        module = sys.modules[f"fusedops.nn.{path.stem}"]
+        assert all(getattr(fusedops.nn, n) is getattr(module, n) for n in names), path.name
+
+
+def test_a_new_nn_modules_missing_export_is_seen(tmp_path):
+    import fusedops.nn
+
+    folder = _package(tmp_path / "nn", {"new.py": "__all__ = ['NewModule']\nclass NewModule: ..."})
+    assert _unexported(folder, fusedops.nn.__all__) == ["NewModule"]
+
+
+def _switches(registry: Path) -> set[str]:
+    return {n for n in _top_level_names(registry) if n.startswith(("enable_", "disable_"))}
+
+
+def test_hooks_export_every_switch_of_the_registry():
+    import fusedops.hooks
+    from fusedops.hooks import registry
+
+    switches = _switches(PACKAGE / "hooks" / "registry.py")
+    assert set(registry.__all__) == switches
+    assert switches <= set(fusedops.hooks.__all__)
+    for name in switches:
+        assert getattr(fusedops.hooks, name) is getattr(registry, name)
+    from fusedops.hooks import enable_fused_layer_norm
+
+    assert enable_fused_layer_norm is registry.enable_fused_layer_norm
+
+
+def test_a_new_switch_outside_the_registrys_all_is_seen(tmp_path):
+    from fusedops.hooks import registry
+
+    source = (PACKAGE / "hooks" / "registry.py").read_text() + "\n\ndef enable_new():\n    pass\n"
+    planted = _package(tmp_path, {"registry.py": source}) / "registry.py"
+    assert _switches(planted) - set(registry.__all__) == {"enable_new"}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 
+from fusedops.hooks import registry
 from fusedops.hooks.machinery import (
     ClassPatches,
     Hook,
@@ -46,24 +47,7 @@ from fusedops.hooks.machinery import (
     state,
     unfused,
 )
-from fusedops.hooks.registry import (
-    disable_fused_adam,
-    disable_fused_adamw,
-    disable_fused_dcn,
-    disable_fused_layer_norm,
-    disable_fused_nms,
-    disable_fused_rms_norm,
-    disable_fused_swin,
-    disable_quick_gelu,
-    enable_fused_adam,
-    enable_fused_adamw,
-    enable_fused_dcn,
-    enable_fused_layer_norm,
-    enable_fused_nms,
-    enable_fused_rms_norm,
-    enable_fused_swin,
-    enable_quick_gelu,
-)
+from fusedops.hooks.registry import *  # noqa: F403  (every enable_* / disable_*: registry.__all__)
 
 #: The libraries whose ``fusedops.integrations.<library>.hooks`` add their targets to the
 #: hooks, in the order their targets are patched.
@@ -79,24 +63,8 @@ __all__ = [
     "available",
     "contribute",
     "disable",
-    "disable_fused_adam",
-    "disable_fused_adamw",
-    "disable_fused_dcn",
-    "disable_fused_layer_norm",
-    "disable_fused_nms",
-    "disable_fused_rms_norm",
-    "disable_fused_swin",
-    "disable_quick_gelu",
     "enable",
     "enable_from_spec",
-    "enable_fused_adam",
-    "enable_fused_adamw",
-    "enable_fused_dcn",
-    "enable_fused_layer_norm",
-    "enable_fused_nms",
-    "enable_fused_rms_norm",
-    "enable_fused_swin",
-    "enable_quick_gelu",
     "enabled",
     "patched",
     "register_hook",
@@ -104,4 +72,5 @@ __all__ = [
     "report",
     "state",
     "unfused",
+    *registry.__all__,
 ]

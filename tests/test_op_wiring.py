@@ -386,3 +386,49 @@ def test_a_new_switch_outside_the_registrys_all_is_seen(tmp_path):
     source = (PACKAGE / "hooks" / "registry.py").read_text() + "\n\ndef enable_new():\n    pass\n"
     planted = _package(tmp_path, {"registry.py": source}) / "registry.py"
     assert _switches(planted) - set(registry.__all__) == {"enable_new"}
+
+
+# -- 5. fusedops.hooks.INTEGRATION_HOOKS: the integrations' hooks modules ------------------
+
+
+def _hooks_modules(package: Path) -> set[str]:
+    """Dotted names of the ``<package>/integrations/*/hooks.py`` files."""
+    return {
+        ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for path in (package / "integrations").glob("*/hooks.py")
+    }
+
+
+def test_integration_hooks_are_the_hooks_files_that_exist():
+    import fusedops.hooks
+
+    table = fusedops.hooks.INTEGRATION_HOOKS
+    assert len(set(table)) == len(table) and set(table) == _hooks_modules(PACKAGE)
+    assert all(name in sys.modules for name in table)
+    libraries = fusedops.hooks.LIBRARIES
+    assert libraries == tuple(name.split(".")[2] for name in table)
+    # the hand-kept LIBRARIES' order (the order targets are patched) is kept
+    before = ("torchvision", "mmcv", "open_clip", "transformers", "timm")
+    assert [library for library in libraries if library in before] == list(before)
+
+
+def test_a_new_integrations_hooks_file_is_seen(tmp_path):
+    import fusedops.hooks
+
+    planted = tmp_path / "fusedops"
+    _package(planted / "integrations" / "newlib", {"__init__.py": "", "hooks.py": ""})
+    assert _hooks_modules(planted) == {"fusedops.integrations.newlib.hooks"}
+    assert not _hooks_modules(planted) <= set(fusedops.hooks.INTEGRATION_HOOKS)
+
+
+def test_integration_hooks_are_string_literals():
+    """The table is written out (a reader of the sources sees these modules as imported)."""
+    tree = ast.parse((PACKAGE / "hooks" / "__init__.py").read_text())
+    (value,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "INTEGRATION_HOOKS" for t in node.targets)
+    ]
+    assert isinstance(value, ast.Tuple)
+    assert all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts)

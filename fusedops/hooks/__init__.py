@@ -49,11 +49,20 @@ from fusedops.hooks.machinery import (
 )
 from fusedops.hooks.registry import *  # noqa: F403  (every enable_* / disable_*: registry.__all__)
 
-#: The libraries whose ``fusedops.integrations.<library>.hooks`` add their targets to the
-#: hooks, in the order their targets are patched.
-LIBRARIES = ("torchvision", "mmcv", "open_clip", "transformers", "timm")
-for _library in LIBRARIES:
-    importlib.import_module(f"fusedops.integrations.{_library}.hooks")
+#: The modules that add each model library's targets to the hooks
+#: (``fusedops/integrations/<library>/hooks.py``), imported here in this order, the order their
+#: targets are patched. Full names, so that a reader of the sources sees them as imports.
+INTEGRATION_HOOKS = (
+    "fusedops.integrations.torchvision.hooks",
+    "fusedops.integrations.mmcv.hooks",
+    "fusedops.integrations.open_clip.hooks",
+    "fusedops.integrations.transformers.hooks",
+    "fusedops.integrations.timm.hooks",
+)
+#: The libraries of ``INTEGRATION_HOOKS``, in its order.
+LIBRARIES = tuple(name.split(".")[2] for name in INTEGRATION_HOOKS)
+for _module in INTEGRATION_HOOKS:
+    importlib.import_module(_module)
 
 __all__ = [
     "ClassPatches",

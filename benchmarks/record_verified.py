@@ -39,24 +39,43 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fusedops import dispatch, ops  # noqa: E402
+from fusedops import _layout, dispatch, ops  # noqa: E402
 from fusedops.kernels import verified  # noqa: E402
 
-#: op -> the test files (stems under tests/) that check its kernels.
-OP_TEST_FILES: dict[str, tuple[str, ...]] = {
-    "quick_gelu": ("test_quick_gelu",),
-    "layer_norm": ("test_layer_norm", "test_layer_norm_hooks"),
-    "rms_norm": ("test_layer_norm", "test_rms_norm_variants"),
-    "adam": ("test_adam", "test_adam_clip"),  # _clip: the kernels' clip_coef (max_grad_norm)
-    "bias_dropout_add": ("test_bias_dropout_add",),
-    "window_attention": ("test_window_attention", "test_window_attention_transformers"),
-    "swin_attention_softmax": ("test_swin_softmax",),
-    "window_partition_roll": ("test_window_process",),
-    "window_reverse_roll": ("test_window_process",),
-    "nms": ("test_nms",),  # nms, batched_nms, nms_normal
-    "soft_nms": ("test_nms",),  # soft_nms, batched_soft_nms
-    "deform_conv2d": ("test_deform_conv2d", "test_dcn_hooks"),
-}
+TESTS = REPO / "tests"
+
+#: Test files named like an op's (``test_<op>_*.py``) that do not verify its kernels on a GPU
+#: (CPU-only checks: processes on gloo, a compile-only sweep, the hooks on stand-in libraries);
+#: ``gpu_check.sh suite-rest`` runs them.
+NOT_KERNEL_TESTS = frozenset(
+    {"test_adam_distributed", "test_nms_hooks", "test_window_attention_static"}
+)
+#: Test files of an op that its names do not give (``op_test_files``' convention).
+EXTRA_TEST_FILES: dict[str, tuple[str, ...]] = {"deform_conv2d": ("test_dcn_hooks",)}
+
+
+def op_test_files(
+    registered: list[_layout.Registration], tests: Path = TESTS
+) -> dict[str, tuple[str, ...]]:
+    """op -> the test files (stems under ``tests``) that check its kernels, by the convention:
+    for an op registered with ``kernels="K"`` (K: the op's name where none), ``test_K.py``,
+    ``test_<op>.py`` and the ``test_<op>_*.py`` (sorted) that exist, less ``NOT_KERNEL_TESTS``,
+    then the op's ``EXTRA_TEST_FILES``. Ops in ``registered``'s order."""
+    table = {}
+    for registration in registered:
+        op, kernels = registration.op, registration.kernels or registration.op
+        named = [f"test_{kernels}", f"test_{op}"]
+        stems = [stem for stem in named if (tests / f"{stem}.py").exists()]
+        stems += sorted(path.stem for path in tests.glob(f"test_{op}_*.py"))
+        stems = [stem for stem in stems if stem not in NOT_KERNEL_TESTS]
+        table[op] = tuple(dict.fromkeys([*stems, *EXTRA_TEST_FILES.get(op, ())]))
+    return table
+
+
+#: op -> the test files (stems under tests/) that check its kernels (``op_test_files``), for
+#: every op the op modules register (read from their sources: ``fusedops._layout``), in
+#: ``ops.OP_MODULES`` order (module names sorted) and each module's order of registration.
+OP_TEST_FILES: dict[str, tuple[str, ...]] = op_test_files(_layout.registrations())
 
 #: A line of ``pytest --collect-only -q`` that is a node id: ``tests/test_x.py::test_f[p]``.
 _NODE_ID = re.compile(r"^(\S+\.py)::(.+?)\s*$")
@@ -72,8 +91,10 @@ Address = tuple[str, str]
 
 
 def op_test_paths() -> list[str]:
-    """Every file of ``OP_TEST_FILES`` once, as ``tests/<stem>.py``, in the table's order: the
-    op part of the suite (``gpu_check.sh suite-ops``; ``suite-rest`` runs the other files)."""
+    """Every file of ``OP_TEST_FILES`` once, as ``tests/<stem>.py``, in the table's order (its
+    ops in ``ops.OP_MODULES`` order, then registration order; an op's files as
+    ``op_test_files`` lists them; a file at its first mention): the op part of the suite
+    (``gpu_check.sh suite-ops``; ``suite-rest`` runs the other files)."""
     stems = dict.fromkeys(stem for stems in OP_TEST_FILES.values() for stem in stems)
     return [f"tests/{stem}.py" for stem in stems]
 

@@ -12,28 +12,13 @@ from fusedops._lazy import lazy_module
 
 __version__ = "0.1.0"
 
+#: The public names that are not ops' (each op module's ``__all__`` gives the ops' names).
 _ATTRIBUTES = {
-    "quick_gelu": "fusedops.ops.quick_gelu",
-    "layer_norm": "fusedops.ops.layer_norm",
-    "rms_norm": "fusedops.ops.layer_norm",
     "use_backend": "fusedops.dispatch",
-    "bias_dropout_add": "fusedops.ops.bias_dropout_add",
-    "bias_dropout_add_fused_train": "fusedops.ops.bias_dropout_add",
-    "bias_dropout_add_fused_inference": "fusedops.ops.bias_dropout_add",
     "BackendUnavailableError": "fusedops.dispatch",
     "replace_modules": "fusedops.hooks",
-    "window_attention": "fusedops.ops.window_attention",
-    "window_partition_roll": "fusedops.ops.window_process",
-    "window_reverse_roll": "fusedops.ops.window_process",
-    "swin_attention_softmax": "fusedops.ops.swin_softmax",
-    "nms": "fusedops.ops.nms",
-    "batched_nms": "fusedops.ops.nms",
-    "nms_normal": "fusedops.ops.nms",
-    "soft_nms": "fusedops.ops.nms",
-    "batched_soft_nms": "fusedops.ops.nms",
     "auto_checkpoint": "fusedops.utils.checkpoint",
     "info": "fusedops._info",
-    "deform_conv2d": "fusedops.ops.deform_conv2d",
 }
 _SUBMODULES = (
     "dispatch",
@@ -49,6 +34,14 @@ _SUBMODULES = (
     "xla",
 )
 
-__all__ = sorted(_ATTRIBUTES) + list(_SUBMODULES)
 
-__getattr__, __dir__ = lazy_module(globals(), _ATTRIBUTES, _SUBMODULES)
+def _op_attributes() -> dict[str, str]:
+    """The ops' public names (``fusedops.quick_gelu``, ...): each op module's ``__all__``, read
+    from its source on the first look-up that needs them (``fusedops._layout``)."""
+    from fusedops import _layout
+
+    return _layout.op_attributes()
+
+
+# ``__all__`` (every public name, sorted, then the submodules) comes from ``__getattr__`` too.
+__getattr__, __dir__ = lazy_module(globals(), _ATTRIBUTES, _SUBMODULES, _op_attributes)

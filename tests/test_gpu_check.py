@@ -201,9 +201,9 @@ def test_suite_ops_runs_only_the_op_files_asked_for(tmp_path):
 
     done, runs = plan("tests/test_nms.py tests/test_window_p*")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert runs and all(
-        line.endswith("tests/test_window_process.py tests/test_nms.py") for line in runs
-    )
+    asked = ("tests/test_nms.py", "tests/test_window_process.py")
+    in_order = " ".join(f for f in _op_files() if f in asked)  # --list-op-files' order
+    assert runs and all(line.endswith(in_order) for line in runs)
     assert "bias_dropout_add" not in done.stdout.split("record_verified.py")[0]
     done, runs = plan("-tests/test_*norm* -tests/test_window_* tests/test_*a*")
     ran = {word for line in runs for word in line.split() if word.startswith("tests/")}
@@ -244,7 +244,7 @@ def test_test_stage_writes_a_junit_and_stops_pytest_before_its_limit(tmp_path):
 #: for real; ``pytest --markers``/``--collect-only`` print what pytest would for the files given
 #: (two cases per file, cuda and triton; the big_memory cases: test_window_process's); a run
 #: writes the junit of its cases, except the part named in CUT_PART, which (as if its time limit
-#: cut it) writes the cases of its first file only.
+#: cut it) writes the cases of one file only: CUT_KEEP's, else its first file's.
 STAND_IN = """\
     import os, sys
     args = sys.argv[1:]
@@ -263,7 +263,7 @@ STAND_IN = """\
         sys.exit(print(f"\\n{len(cases)} tests collected in 0.01s") or (0 if cases else 5))
     junit = args[args.index("--junitxml") + 1]
     if os.path.basename(junit) == os.environ.get("CUT_PART", "") + ".xml":
-        cases = [c for c in cases if c[0] == files[0]]
+        cases = [c for c in cases if c[0] == os.environ.get("CUT_KEEP", files[0])]
     rows = "".join(
         f'<testcase classname="{f[:-3].replace("/", ".")}" name="{name}[{b}]"/>'
         for f, name, b in cases
@@ -274,15 +274,20 @@ STAND_IN = """\
 
 
 def test_suite_ops_run_records_only_the_files_whose_every_case_ran(tmp_path):
-    """suite-ops run for real on the stand-in: the ops part is cut after its first file
-    (test_quick_gelu), so quick_gelu is verified and the kernels of every other op file stay
+    """suite-ops run for real on the stand-in: the ops part is cut with only test_quick_gelu's
+    cases run, so quick_gelu is verified and the kernels of every other op file stay
     out of verified.json (the window ops too, whose big_memory cases ran in full)."""
     stand_in = tmp_path / "python"
     body = textwrap.dedent(STAND_IN).replace("REAL", repr(sys.executable))
     stand_in.write_text(f"#!{sys.executable}\n{body}")
     stand_in.chmod(0o755)
     done = _gpu_check(
-        "suite-ops:300", tmp_path=tmp_path, PYTHON=str(stand_in), CUT_PART="ops", WORKERS="2"
+        "suite-ops:300",
+        tmp_path=tmp_path,
+        PYTHON=str(stand_in),
+        CUT_PART="ops",
+        CUT_KEEP="tests/test_quick_gelu.py",
+        WORKERS="2",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "out" / "gpu_check.log").read_text()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 
+from fusedops.hooks import registry
 from fusedops.hooks.machinery import (
     ClassPatches,
     Hook,
@@ -46,30 +47,22 @@ from fusedops.hooks.machinery import (
     state,
     unfused,
 )
-from fusedops.hooks.registry import (
-    disable_fused_adam,
-    disable_fused_adamw,
-    disable_fused_dcn,
-    disable_fused_layer_norm,
-    disable_fused_nms,
-    disable_fused_rms_norm,
-    disable_fused_swin,
-    disable_quick_gelu,
-    enable_fused_adam,
-    enable_fused_adamw,
-    enable_fused_dcn,
-    enable_fused_layer_norm,
-    enable_fused_nms,
-    enable_fused_rms_norm,
-    enable_fused_swin,
-    enable_quick_gelu,
-)
+from fusedops.hooks.registry import *  # noqa: F403  (every enable_* / disable_*: registry.__all__)
 
-#: The libraries whose ``fusedops.integrations.<library>.hooks`` add their targets to the
-#: hooks, in the order their targets are patched.
-LIBRARIES = ("torchvision", "mmcv", "open_clip", "transformers", "timm")
-for _library in LIBRARIES:
-    importlib.import_module(f"fusedops.integrations.{_library}.hooks")
+#: The modules that add each model library's targets to the hooks
+#: (``fusedops/integrations/<library>/hooks.py``), imported here in this order, the order their
+#: targets are patched. Full names, so that a reader of the sources sees them as imports.
+INTEGRATION_HOOKS = (
+    "fusedops.integrations.torchvision.hooks",
+    "fusedops.integrations.mmcv.hooks",
+    "fusedops.integrations.open_clip.hooks",
+    "fusedops.integrations.transformers.hooks",
+    "fusedops.integrations.timm.hooks",
+)
+#: The libraries of ``INTEGRATION_HOOKS``, in its order.
+LIBRARIES = tuple(name.split(".")[2] for name in INTEGRATION_HOOKS)
+for _module in INTEGRATION_HOOKS:
+    importlib.import_module(_module)
 
 __all__ = [
     "ClassPatches",
@@ -79,24 +72,8 @@ __all__ = [
     "available",
     "contribute",
     "disable",
-    "disable_fused_adam",
-    "disable_fused_adamw",
-    "disable_fused_dcn",
-    "disable_fused_layer_norm",
-    "disable_fused_nms",
-    "disable_fused_rms_norm",
-    "disable_fused_swin",
-    "disable_quick_gelu",
     "enable",
     "enable_from_spec",
-    "enable_fused_adam",
-    "enable_fused_adamw",
-    "enable_fused_dcn",
-    "enable_fused_layer_norm",
-    "enable_fused_nms",
-    "enable_fused_rms_norm",
-    "enable_fused_swin",
-    "enable_quick_gelu",
     "enabled",
     "patched",
     "register_hook",
@@ -104,4 +81,5 @@ __all__ = [
     "report",
     "state",
     "unfused",
+    *registry.__all__,
 ]

@@ -26,6 +26,26 @@ from fusedops.hooks.machinery import (
     resolve,
 )
 
+#: Each hook's switches, ``enable_*`` / ``disable_*`` (``fusedops.hooks`` exports them).
+__all__ = [
+    "disable_fused_adam",
+    "disable_fused_adamw",
+    "disable_fused_dcn",
+    "disable_fused_layer_norm",
+    "disable_fused_nms",
+    "disable_fused_rms_norm",
+    "disable_fused_swin",
+    "disable_quick_gelu",
+    "enable_fused_adam",
+    "enable_fused_adamw",
+    "enable_fused_dcn",
+    "enable_fused_layer_norm",
+    "enable_fused_nms",
+    "enable_fused_rms_norm",
+    "enable_fused_swin",
+    "enable_quick_gelu",
+]
+
 
 def _quick_gelu_class_locations(classes: Iterable[Any]) -> list[tuple[str, str]]:
     locations = []

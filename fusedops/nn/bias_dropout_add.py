@@ -7,6 +7,8 @@ from torch import nn
 
 from fusedops.ops.bias_dropout_add import _check_probability, bias_dropout_add, dropout_add
 
+__all__ = ["BiasDropoutAdd", "dropout_add_fused", "dropout_add_fused_train"]
+
 
 class BiasDropoutAdd(nn.Module):
     """``residual + dropout(x + bias, p)`` through ``fusedops.bias_dropout_add``: dropout in

@@ -11,6 +11,8 @@ from torch.nn.modules.utils import _pair
 
 from fusedops.ops.deform_conv2d import deform_conv2d
 
+__all__ = ["DCN", "DCNv2"]
+
 
 class DCNv2(nn.Module):
     """Modulated deformable convolution taking its offset and mask as arguments.

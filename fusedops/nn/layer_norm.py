@@ -12,6 +12,8 @@ from torch import nn
 
 from fusedops.ops.layer_norm import layer_norm, rms_norm
 
+__all__ = ["LayerNorm", "RMSNorm"]
+
 # The torch classes as they were when this module was first imported (before any hook patched
 # torch.nn; the hooks import this module before they replace anything).
 _TorchLayerNorm = nn.modules.normalization.LayerNorm

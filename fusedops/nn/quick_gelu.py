@@ -8,6 +8,8 @@ from torch import nn
 from fusedops.nn import _fused_class
 from fusedops.ops.quick_gelu import quick_gelu
 
+__all__ = ["QuickGELU"]
+
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
     return quick_gelu(x)

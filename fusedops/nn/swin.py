@@ -13,6 +13,8 @@ from fusedops.nn import _fused_class
 from fusedops.ops.swin_softmax import swin_attention_softmax
 from fusedops.ops.window_process import window_partition_roll, window_reverse_roll
 
+__all__ = ["FusedSwinFmha", "WindowProcess", "WindowProcessReverse"]
+
 
 def _check_dims(t: torch.Tensor, name: str, expected: tuple, what: str) -> None:
     if not isinstance(t, torch.Tensor):

@@ -44,6 +44,9 @@ from fusedops.kernels.shared.adam import step_arguments
 from fusedops.ops._define import define_op
 from fusedops.ops._transfer import to_device
 
+#: Nothing public here: the optimizers are fusedops.optim.FusedAdam / FusedAdamW.
+__all__: list[str] = []
+
 
 def _reference_step(*lists: list[torch.Tensor], **options: Any) -> None:
     """Plain-PyTorch Adam/AdamW update of each tensor (the CPU path and the test oracle): the

@@ -71,6 +71,8 @@ from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
+__all__ = ["bias_dropout_add", "bias_dropout_add_fused_train", "bias_dropout_add_fused_inference"]
+
 NAME = "bias_dropout_add"
 #: Seed and offset are drawn in [0, SEED_BOUND).
 SEED_BOUND = 2**62

@@ -40,6 +40,8 @@ from fusedops.ops._checks import check_same_device, check_tensor
 from fusedops.ops._define import define_module_op
 from fusedops.ops._dtypes import compute_dtype
 
+__all__ = ["deform_conv2d"]
+
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch, vectorised over the batch): gather-based im2col.
 

@@ -57,6 +57,8 @@ from fusedops.ops._define import apply_function, define_op, lean_once_differenti
 from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
+__all__ = ["layer_norm", "rms_norm"]
+
 # ------------------------------------------------------------------------------------------
 # Reference implementation (plain PyTorch): the CPU path and the test oracle.
 

@@ -56,6 +56,8 @@ from fusedops.ops._define import define_op
 from fusedops.ops._dtypes import compute_dtype
 from fusedops.ops._eager import eager_fast_path
 
+__all__ = ["nms", "batched_nms", "nms_normal", "soft_nms", "batched_soft_nms"]
+
 SOFT_NMS_METHODS = {
     "naive": nms_plan.NAIVE,
     "linear": nms_plan.LINEAR,

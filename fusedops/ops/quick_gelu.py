@@ -22,6 +22,8 @@ from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import apply_function, define_module_op
 from fusedops.ops._eager import eager_fast_path
 
+__all__ = ["quick_gelu"]
+
 ALPHA = QUICK_GELU_ALPHA
 
 

@@ -33,6 +33,8 @@ from fusedops.ops._dtypes import as_dtype, compute_dtype
 from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, masked_softmax, native_softmax
 
+__all__ = ["swin_attention_softmax"]
+
 #: Largest N (window_len) each kernel backend takes (one row of N scores held in registers).
 MAX_N = {"triton": 4096, "cuda": 1024}
 

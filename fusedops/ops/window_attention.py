@@ -43,6 +43,8 @@ from fusedops.ops._eager import eager_fast_path
 from fusedops.ops._swin import add_window_mask, native_softmax, shifted_exp
 from fusedops.ops.swin_softmax import swin_attention_softmax
 
+__all__ = ["window_attention"]
+
 #: Largest window (tokens per window) the kernels take.
 MAX_TOKENS = 256
 #: Head dims the kernels take.

@@ -29,6 +29,8 @@ from fusedops.ops._checks import check_tensor
 from fusedops.ops._define import apply_function, define_op
 from fusedops.ops._eager import eager_fast_path
 
+__all__ = ["window_partition_roll", "window_reverse_roll"]
+
 # ------------------------------------------------------------------------------------------
 # Reference (plain PyTorch): the CPU path and the test oracle.
 

@@ -196,3 +196,18 @@ def op_attributes(folder: Path = OPS_DIR, package: str = "fusedops.ops") -> dict
                 raise LayoutError(f"{name!r} is in the __all__ of {table[name]} and of {module}")
             table[name] = f"{package}.{module}"
     return table
+
+
+def module_attributes(folder: Path, package: str) -> dict[str, str]:
+    """Public name -> the dotted module defining it, from the ``__all__`` of every public
+    module (no leading underscore) of ``folder``, the package ``package`` (``fusedops.nn``'s
+    lazy exports)."""
+    table: dict[str, str] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        for name in public_names(path):
+            if name in table:
+                raise LayoutError(f"{name!r} is in the __all__ of {table[name]} and of {path.stem}")
+            table[name] = f"{package}.{path.stem}"
+    return table

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fusedops.dispatch import triton_interpreter
+from fusedops._env import triton_interpreter
 from fusedops.testing import assert_close, backends_under_test, run_gloo
 
 WORLD = 2

@@ -270,3 +270,38 @@ def test_registering_a_backend_imports_neither_triton_cuda_nor_jax(tmp_path):
     done = run_python("-c", code, cwd=repo, path=(repo,), env={"TRITON_INTERPRET": "0"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[] False False"
+
+
+def test_a_cuda_kernel_without_a_launcher_module_calls_its_binding(monkeypatch, tmp_path):
+    """An op's CUDA kernel may be its .cu and binding alone (the binding allocates the outputs,
+    taking ``poison`` last; without ``<op>.h`` it declares the launchers itself): the backend
+    calls ``torch.ops.fusedops_cuda.<op>_<function>`` and verifies those files."""
+    from types import SimpleNamespace
+
+    from fusedops import _alloc
+
+    cuda = dispatch.get_backend("cuda")
+    for name in ("my_op.cu", "my_op_bindings.cpp"):
+        (tmp_path / name).write_text("// a kernel\n")
+    monkeypatch.setattr(type(cuda), "folder", property(lambda self: tmp_path))
+    op = dispatch.Op("my_op_test", reference=None, kernels="my_op")
+    assert cuda.module(op) is None and cuda.has_kernel(op)
+    assert cuda.unavailable(op) == cuda.unavailable(dispatch.registered_ops()["quick_gelu"])
+    names = [path.name for path in cuda.source_files(op)]
+    assert names == sorted(["my_op.cu", "my_op_bindings.cpp", *cuda.SHARED_FILES])
+    calls = []
+    library = SimpleNamespace(my_op_forward=lambda *args: calls.append(args) or "y")
+    monkeypatch.setattr(_build(), "library", lambda: library)
+    launchers = cuda.implementation(op)
+    assert launchers.forward("x", 2) == "y"
+    previous = _alloc.set_poison(not _alloc.poisoning())
+    try:
+        launchers.forward("x", 3)
+    finally:
+        _alloc.set_poison(previous)
+    assert calls == [("x", 2, previous), ("x", 3, not previous)]
+    with pytest.raises(AttributeError):
+        launchers.backward("grad")  # the binding defines no my_op_backward
+    absent = dispatch.Op("absent_test", reference=None, kernels="absent")
+    assert cuda.unavailable(absent) == ["no CUDA kernel for this op"]
+    assert cuda.source_files(absent) == []

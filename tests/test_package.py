@@ -135,17 +135,17 @@ def test_bindings_compile_against_torch_headers(source):
 
 def _extension_layout_problems(files: dict[str, str]) -> list[str]:
     """What breaks the CUDA extension's per-op layout in ``files`` (file name -> text of the
-    folder's C++/CUDA sources): each ``<op>.cu`` with its launchers' ``<op>.h`` and its binding
-    ``<op>_bindings.cpp``, a library fragment including no other op's header; torch only in the
-    bindings; one TORCH_LIBRARY (library.cpp, defining nothing); each function defined once and
-    implemented in the file that defines it."""
+    folder's C++/CUDA sources): each ``<op>.cu`` with its binding ``<op>_bindings.cpp`` and,
+    where it has one, its launchers' ``<op>.h`` included by both (without one, the binding
+    declares the launchers it calls); a library fragment including no other op's header; torch
+    only in the bindings; one TORCH_LIBRARY (library.cpp, defining nothing); each function
+    defined once and implemented in the file that defines it."""
     problems = []
     ops = {name.removesuffix(".cu") for name in files if name.endswith(".cu")}
     bound = {name.removesuffix("_bindings.cpp") for name in files if name.endswith("_bindings.cpp")}
     headers = {name.removesuffix(".h") for name in files if name.endswith(".h")}
     problems += [f"{op}.cu has no {op}_bindings.cpp" for op in sorted(ops - bound)]
     problems += [f"{op}_bindings.cpp has no {op}.cu" for op in sorted(bound - ops)]
-    problems += [f"{op}.cu has no {op}.h" for op in sorted(ops - headers)]
     defined: dict[str, str] = {}
     for name, text in sorted(files.items()):
         includes = set(re.findall(r'#include "(\w+)\.h"', text))
@@ -157,7 +157,11 @@ def _extension_layout_problems(files: dict[str, str]) -> list[str]:
         if "TORCH_LIBRARY(" in text and name != "library.cpp":
             problems.append(f"{name} claims the namespace (TORCH_LIBRARY)")
         op = name.removesuffix(".cu").removesuffix("_bindings.cpp")
-        if op in ops and name != f"{op}.h":
+        problems += [
+            f"{name} includes {missing}.h, which is missing"
+            for missing in sorted(includes & ops - headers)
+        ]
+        if op in ops and op in headers and name != f"{op}.h":
             if op not in includes:
                 problems.append(f"{name} does not include {op}.h")
             problems += [f"{name} includes {other}.h" for other in sorted(includes & ops - {op})]
@@ -188,7 +192,7 @@ def test_cuda_extension_is_one_set_of_files_per_op():
     fragment = files["quick_gelu_bindings.cpp"].split("}  // namespace")[1]
     planted = {  # file: (its broken text or None for a missing file, the problem to find)
         "quick_gelu_bindings.cpp": (None, "quick_gelu.cu has no quick_gelu_bindings.cpp"),
-        "quick_gelu.h": (None, "quick_gelu.cu has no quick_gelu.h"),
+        "quick_gelu.h": (None, "quick_gelu.cu includes quick_gelu.h, which is missing"),
         "quick_gelu.cu": (
             files["quick_gelu.cu"].replace('#include "quick_gelu.h"', "#include <ATen/ATen.h>"),
             "quick_gelu.cu includes torch headers",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fusedops
-from fusedops.dispatch import triton_interpreter
+from fusedops._env import triton_interpreter
 from fusedops.integrations.transformers import rms_norm_variants
 from fusedops.testing import TOLERANCES, assert_close, random_tensor
 from tests.op_testing import BACKENDS, DEVICE, KERNEL_BACKENDS

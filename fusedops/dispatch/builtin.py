@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fusedops import _alloc
 from fusedops._env import triton_interpreter
 from fusedops.dispatch.op_table import Op
 from fusedops.dispatch.registry import Backend, Pick, register_backend
@@ -35,9 +36,31 @@ class _KernelFamily(Backend):
     family = ""
     pick = Pick.VERIFIED
     devices = ("cuda",)
+    #: What ``unavailable`` says for an op without a kernel of this family.
+    no_kernel = ""
+
+    @property
+    def folder(self) -> Path:
+        """The family's folder, ``fusedops/kernels/<family>/``."""
+        return verified.PACKAGE_ROOT / "kernels" / self.family
+
+    def own_files(self, op: Op) -> list[Path]:
+        """The files of ``op``'s kernel in ``folder`` (its launcher module)."""
+        path = self.folder / f"{op.kernels}.py"
+        return [path] if path.exists() else []
+
+    def has_kernel(self, op: Op) -> bool:
+        """Whether ``op`` has a kernel of this family (its files exist; asked once per op)."""
+        key = ("has kernel", self.name)
+        found = op._cache.get(key)
+        if found is None:
+            found = op._cache[key] = op.kernels is not None and bool(self.own_files(op))
+        return found
 
     def module(self, op: Op) -> str | None:
-        return None if op.kernels is None else f"fusedops.kernels.{self.family}.{op.kernels}"
+        if op.kernels is None or not (self.folder / f"{op.kernels}.py").exists():
+            return None
+        return f"fusedops.kernels.{self.family}.{op.kernels}"
 
     def source_files(self, op: Op) -> list[Path]:
         module = self.module(op)
@@ -87,8 +110,22 @@ class Cuda(_KernelFamily):
     #: An op's own files beside its launcher module ``<op>.py``.
     OWN_SUFFIXES = (".cu", ".h", "_bindings.cpp")
 
+    def own_files(self, op: Op) -> list[Path]:
+        """The op's launcher module ``<op>.py`` (optional: without one, its binding allocates
+        the outputs) and its files named like it: ``<op>.cu``, ``<op>.h`` (optional: without
+        one, the binding declares the launchers it calls), ``<op>_bindings.cpp``."""
+        stem = self.folder / str(op.kernels)
+        suffixes = (".py", *self.OWN_SUFFIXES)
+        return [own for own in (stem.with_name(stem.name + s) for s in suffixes) if own.exists()]
+
+    def implementation(self, op: Op) -> Any:
+        module = self.module(op)
+        if module is not None:
+            return importlib.import_module(module)
+        return BindingLaunchers(op.kernels)
+
     def unavailable(self, op: Op) -> list[str]:
-        if op.kernels is None:
+        if not self.has_kernel(op):
             return ["no CUDA kernel for this op"]
         from fusedops.kernels.cuda import build
 
@@ -112,16 +149,10 @@ class Cuda(_KernelFamily):
         return [missing] if missing else []
 
     def source_files(self, op: Op) -> list[Path]:
-        files = set(super().source_files(op))
-        if not files:
+        if not self.has_kernel(op):
             return []
-        module = verified.module_file(self.module(op))
-        files.update(module.parent / name for name in self.SHARED_FILES)
-        stem = module.with_suffix("")
-        for suffix in self.OWN_SUFFIXES:
-            own = stem.with_name(stem.name + suffix)
-            if own.exists():
-                files.add(own)
+        files = set(super().source_files(op)) | set(self.own_files(op))
+        files.update(self.folder / name for name in self.SHARED_FILES)
         return sorted(files)
 
     def device_note(self) -> str | None:
@@ -146,7 +177,7 @@ class Triton(_KernelFamily):
         return _triton_missing()
 
     def unavailable(self, op: Op) -> list[str]:
-        if op.kernels is None:
+        if not self.has_kernel(op):
             return ["no triton kernel for this op"]
         missing = self.missing()
         return [missing] if missing else []
@@ -163,6 +194,32 @@ class Triton(_KernelFamily):
         if torch.cuda.is_available() or triton_interpreter():
             return None
         return "no CUDA device (TRITON_INTERPRET=1 runs it on CPU)"
+
+
+class BindingLaunchers:
+    """The CUDA kernel of an op without a launcher module (``kernels/cuda/<op>.py``): its
+    binding allocates the outputs, so each backend function ``f(*args)`` is the extension's
+    ``<op>_<f>(*args, poison)``, ``poison`` true while tests poison outputs (the binding fills
+    what it allocates with NaN / the integer maximum then, as ``fusedops._alloc`` does)."""
+
+    def __init__(self, stem: str):
+        self.stem = stem
+
+    def __repr__(self) -> str:
+        return f"<CUDA launchers of {self.stem}: torch.ops.fusedops_cuda.{self.stem}_*>"
+
+    def __getattr__(self, function: str) -> Any:
+        if function.startswith("_"):
+            raise AttributeError(function)
+        from fusedops.kernels.cuda import build
+
+        launch = getattr(build.library(), f"{self.stem}_{function}")
+
+        def call(*args: Any) -> Any:
+            return launch(*args, _alloc.poisoning())
+
+        call.__name__ = function
+        return call
 
 
 @functools.cache

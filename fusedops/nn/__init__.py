@@ -1,25 +1,21 @@
-"""Drop-in modules: subclasses of the torch modules they replace, running fused ops."""
+"""Drop-in modules: subclasses of the torch modules they replace, running fused ops.
 
-from fusedops.nn.bias_dropout_add import (
-    BiasDropoutAdd,
-    dropout_add_fused,
-    dropout_add_fused_train,
-)
-from fusedops.nn.dcn import DCN, DCNv2
-from fusedops.nn.layer_norm import LayerNorm, RMSNorm
-from fusedops.nn.quick_gelu import QuickGELU
-from fusedops.nn.swin import FusedSwinFmha, WindowProcess, WindowProcessReverse
+Each module of this package lists its public names in ``__all__``; ``fusedops.nn.<name>``
+loads the module defining it on first access (``fusedops._layout.module_attributes``), so a
+new module needs no line here.
+"""
 
-__all__ = [
-    "BiasDropoutAdd",
-    "DCN",
-    "DCNv2",
-    "FusedSwinFmha",
-    "LayerNorm",
-    "QuickGELU",
-    "RMSNorm",
-    "WindowProcess",
-    "WindowProcessReverse",
-    "dropout_add_fused",
-    "dropout_add_fused_train",
-]
+from __future__ import annotations
+
+from pathlib import Path
+
+from fusedops._lazy import lazy_module
+
+
+def _exports() -> dict[str, str]:
+    from fusedops import _layout
+
+    return _layout.module_attributes(Path(__file__).resolve().parent, __name__)
+
+
+__getattr__, __dir__ = lazy_module(globals(), {}, (), _exports)

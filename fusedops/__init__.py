@@ -19,6 +19,8 @@ _ATTRIBUTES = {
     "replace_modules": "fusedops.hooks",
     "auto_checkpoint": "fusedops.utils.checkpoint",
     "info": "fusedops._info",
+    "optimize": "fusedops.autotune",
+    "optimize_report": "fusedops.autotune",
 }
 _SUBMODULES = (
     "dispatch",

@@ -577,16 +577,11 @@ def replace_modules(
     swap) is logged on the ``fusedops.hooks`` logger at INFO, printed when ``verbose``, and
     added to ``counts`` when a dict is passed.
     """
-    chosen = [_get(name) for name in (available() if hooks is None else hooks)]
     swapped: dict[str, int] = {}
-    for module in model.modules():
-        for hook in chosen:
-            fused = hook.swap_for(type(module), **options)
-            if fused is not None:
-                name = _qualified(type(module))
-                if _swap_class(module, fused):
-                    swapped[name] = swapped.get(name, 0) + 1
-                break
+    for module, fused in module_swaps(model, hooks, **options):
+        name = _qualified(type(module))
+        if _swap_class(module, fused):
+            swapped[name] = swapped.get(name, 0) + 1
     summary = ", ".join(f"{n} x {name}" for name, n in sorted(swapped.items())) or "nothing"
     _log.info("replace_modules swapped %s", summary)
     if verbose:
@@ -595,6 +590,21 @@ def replace_modules(
         for name, n in swapped.items():
             counts[name] = counts.get(name, 0) + n
     return model
+
+
+def module_swaps(model, hooks: Iterable[str] | None = None, **options: Any) -> list:
+    """What ``replace_modules(model, hooks, **options)`` would swap, without swapping:
+    ``(module, fused class)`` for each submodule of ``model`` (itself included) that a hook
+    covers, in ``model.modules()`` order."""
+    chosen = [_get(name) for name in (available() if hooks is None else hooks)]
+    found = []
+    for module in model.modules():
+        for hook in chosen:
+            fused = hook.swap_for(type(module), **options)
+            if fused is not None:
+                found.append((module, fused))
+                break
+    return found
 
 
 def _swap_class(module, fused: type) -> bool:

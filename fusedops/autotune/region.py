@@ -1,0 +1,391 @@
+"""A region: a module's forward that ``optimize`` times its candidates for and then runs.
+
+Installed as the module's ``forward`` (an attribute of the instance), so the module keeps its
+class, its ``state_dict`` keys, its parameters, buffers, hooks and attributes. Each call is
+keyed by its signature (train/eval, grad mode, autocast, the inputs' shapes, dtypes and
+devices); the first call of a signature decides (``Region.decide``): from the cache, or by
+trials of every candidate (``fusedops.autotune.trial``). The pick is the fastest candidate whose
+outputs and gradients match the user's code, where it is faster than that code by the margin;
+else the user's code runs. Later calls of the signature run the pick.
+
+No trial runs while torch.compile or torch.export traces the module, nor under CUDA graph
+capture: those calls run the signature's pick, or the user's code. Under
+``torch.distributed`` with several ranks every rank runs the same trials in the same order,
+a candidate that failed on any rank is dropped, rank 0's times decide and its decision (cache
+hits included) is broadcast: ranks never diverge or wait on a collective another skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusedops.autotune import cache, candidates, trial
+
+log = logging.getLogger(__name__.rpartition(".")[0])  # "fusedops.autotune"
+
+#: A candidate other than the user's code is picked only when its trial time is at most this
+#: fraction of the user's code's.
+MARGIN = 0.97
+#: Seconds of compiling (first runs of ``torch.compile`` and XLA candidates) one process may
+#: spend; once spent, compiling candidates are left out of new trials.
+COMPILE_BUDGET_S = 600.0
+#: Signatures a region times; later new signatures run the last decision's pick.
+MAX_SIGNATURES = 8
+
+#: Seconds spent compiling in this process (all regions).
+_compile_seconds = 0.0
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ["tensor", list(value.shape), str(value.dtype).removeprefix("torch."),
+                value.device.type, bool(value.requires_grad)]  # fmt: skip
+    if isinstance(value, (tuple, list)):
+        return [type(value).__name__, [_describe(v) for v in value]]
+    if isinstance(value, dict):
+        return ["dict", {str(k): _describe(v) for k, v in sorted(value.items(), key=str)}]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return type(value).__qualname__
+
+
+def signature(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
+    """What a call's decision depends on, as text: train/eval, grad mode, autocast per device
+    type, and each argument (a tensor's shape, dtype, device and requires_grad; a number's
+    value; another object's type)."""
+    autocast = [
+        [device, str(torch.get_autocast_dtype(device)).removeprefix("torch.")]
+        for device in ("cpu", "cuda")
+        if torch.is_autocast_enabled(device)
+    ]
+    parts = {
+        "train": module.training,
+        "grad": torch.is_grad_enabled(),
+        "autocast": autocast,
+        "args": _describe(list(args)),
+        "kwargs": _describe(kwargs),
+    }
+    return json.dumps(parts, sort_keys=True)
+
+
+def structure(module: torch.nn.Module) -> str:
+    """A hash of the module's structure: each submodule's name and class, each parameter's and
+    buffer's name, shape and dtype."""
+    digest = hashlib.sha256()
+    for name, sub in module.named_modules():
+        digest.update(f"{name}:{type(sub).__module__}.{type(sub).__qualname__};".encode())
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    return digest.hexdigest()[:16]
+
+
+def _fusedops_version() -> str:
+    from fusedops import __version__
+
+    return __version__
+
+
+def _several_ranks() -> bool:
+    distributed = torch.distributed
+    return (
+        distributed.is_available()
+        and distributed.is_initialized()
+        and distributed.get_world_size() > 1
+    )
+
+
+def _from_rank0(value: Any) -> Any:
+    """``value`` as rank 0 has it (every rank calls this at the same point)."""
+    if not _several_ranks():
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _union(values: set) -> set:
+    """The union of ``values`` over the ranks (every rank calls this at the same point)."""
+    if not _several_ranks():
+        return values
+    gathered: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, sorted(values))
+    return {v for found in gathered for v in found}
+
+
+def _rank0() -> bool:
+    return not _several_ranks() or torch.distributed.get_rank() == 0
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _main_device(module: torch.nn.Module, args: tuple, kwargs: dict) -> torch.device:
+    for tensor in [*trial.flat_tensors([args, kwargs]), *module.parameters()]:
+        return tensor.device
+    return torch.device("cpu")
+
+
+@dataclass
+class Decision:
+    """One signature's pick: the candidate, each candidate's trial seconds (or why it was left
+    out), and where it came from ("timed", "cache", "autotune off", "signature bound")."""
+
+    pick: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    source: str = "timed"
+    signature: str = ""
+
+
+class Region:
+    """The forward installed on a module by ``optimize`` (module docstring)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        forward: Callable,
+        *,
+        names: Sequence[str],
+        margin: float = MARGIN,
+        use_cache: bool = True,
+        max_signatures: int = MAX_SIGNATURES,
+    ):
+        self.module, self.forward, self.names = module, forward, tuple(names)
+        self.margin, self.use_cache, self.max_signatures = margin, use_cache, max_signatures
+        self.title = type(module).__qualname__
+        self.decisions: dict[str, Decision] = {}
+        self._built: dict[str, candidates.Candidate] | None = None
+        self.unavailable: dict[str, str] = {}
+        self._swaps: Any = None
+        self._bound_logged = False
+
+    # -- candidates -------------------------------------------------------------------------
+
+    def built(self) -> dict[str, candidates.Candidate]:
+        """The candidates, built on first use (those that cannot be built, with their reason,
+        in ``unavailable``)."""
+        if self._built is None:
+            self._built = {}
+            for name in self.names:
+                try:
+                    made = candidates.BUILDERS[name](self.module, self.forward)
+                except candidates.Unavailable as why:
+                    self.unavailable[name] = str(why)
+                    continue
+                except Exception as error:  # noqa: BLE001  (a candidate must not break the call)
+                    self.unavailable[name] = _short(error)
+                    continue
+                self._built[name] = made
+                self._swaps = self._swaps or made.swaps
+            listed = ", ".join(f"{n} ({c.note})" if c.note else n for n, c in self._built.items())
+            log.info("fusedops.optimize: region %s: candidates %s", self.title, listed)
+            for name, why in self.unavailable.items():
+                log.info("fusedops.optimize: region %s: %s left out: %s", self.title, name, why)
+        return self._built
+
+    def _run(self, name: str, args: tuple, kwargs: dict) -> Any:
+        built = self.built()
+        chosen = built.get(name) or built["eager"]
+        if self._swaps is not None:
+            self._swaps.ensure(chosen.swapped)
+        return chosen.run(*args, **kwargs)
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling() or (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        ):
+            decided = self.decisions.get(signature(self.module, args, kwargs))
+            return self._run(decided.pick if decided else "eager", args, kwargs)
+        key = signature(self.module, args, kwargs)
+        decided = self.decisions.get(key)
+        if decided is None:
+            decided = self.decide(key, args, kwargs)
+        return self._run(decided.pick, args, kwargs)
+
+    def decide(self, key: str, args: tuple, kwargs: dict) -> Decision:
+        """The decision for a new signature ``key`` (this call's ``args``/``kwargs``)."""
+        if len(self.decisions) >= self.max_signatures:
+            last = next(reversed(self.decisions.values()))
+            if not self._bound_logged:
+                self._bound_logged = True
+                log.info(
+                    "fusedops.optimize: region %s timed %d signatures, its bound; new ones run "
+                    "%s untimed",
+                    self.title,
+                    len(self.decisions),
+                    last.pick,
+                )
+            decided = Decision(last.pick, source="signature bound", signature=key)
+        elif not cache.timing_enabled():
+            decided = Decision("eager", source="autotune off", signature=key)
+        else:
+            decided = self._cached_or_timed(key, args, kwargs)
+        self.decisions[key] = decided
+        return decided
+
+    def _cache_key(self, key: str, args: tuple, kwargs: dict) -> dict:
+        device = _main_device(self.module, args, kwargs)
+        return {
+            "environment": cache.environment(device),
+            "region": self.title,
+            "structure": structure(self.module),
+            "signature": key,
+            "candidates": list(self.built()),
+            "fusedops": _fusedops_version(),
+            "margin": self.margin,
+        }
+
+    def _cached_or_timed(self, key: str, args: tuple, kwargs: dict) -> Decision:
+        built = self.built()
+        parts = self._cache_key(key, args, kwargs) if self.use_cache else None
+        found = cache.load(parts) if parts is not None and _rank0() else None
+        found = _from_rank0(found)
+        if found is not None and found.get("pick") in built:
+            decided = Decision(
+                found["pick"],
+                dict(found.get("seconds", {})),
+                dict(found.get("dropped", {})),
+                "cache",
+                key,
+            )
+            self._log(decided)
+            self._free_losers(decided.pick)
+            return decided
+        decided = self._timed(key, args, kwargs)
+        if parts is not None and _rank0() and decided.source == "timed":
+            cache.store(
+                parts,
+                {"pick": decided.pick, "seconds": decided.seconds, "dropped": decided.dropped},
+            )
+        self._log(decided)
+        self._free_losers(decided.pick)
+        return decided
+
+    def _timed(self, key: str, args: tuple, kwargs: dict) -> Decision:
+        global _compile_seconds
+        built = self.built()
+        trials = trial.Trials(self.module, args, kwargs)
+        dropped: dict[str, str] = {}
+        seconds: dict[str, float] = {}
+        if self._swaps is not None:
+            self._swaps.ensure(False)
+        reference = trials.run(built["eager"].run)
+        seconds["eager"] = trials.time(built["eager"].run, reference)
+        for name, candidate in built.items():
+            if name == "eager":
+                continue
+            if candidate.compiles and _compile_seconds >= COMPILE_BUDGET_S:
+                dropped[name] = f"compile budget of {COMPILE_BUDGET_S:g} s spent"
+                continue
+            try:
+                if self._swaps is not None:
+                    self._swaps.ensure(candidate.swapped)
+                first = trials.run(candidate.run)
+                if candidate.compiles:
+                    _compile_seconds += first.seconds
+                wrong = trial.mismatch(reference, first)
+                if wrong is not None:
+                    dropped[name] = f"differs from the model's own code: {wrong}"
+                    continue
+                seconds[name] = trials.time(candidate.run, first)
+            except Exception as error:  # noqa: BLE001  (a failing candidate is dropped)
+                dropped[name] = f"failed: {_short(error)}"
+            finally:
+                if self._swaps is not None:
+                    self._swaps.ensure(False)
+        failed_anywhere = _union(set(dropped))
+        for name in failed_anywhere - set(dropped):
+            dropped[name] = "failed or differed on another rank"
+            seconds.pop(name, None)
+        seconds = _from_rank0(seconds)
+        eager = seconds["eager"]
+        fastest = min(seconds, key=seconds.get)
+        pick = fastest if seconds[fastest] <= self.margin * eager else "eager"
+        return Decision(pick, seconds, dropped, "timed", key)
+
+    def _free_losers(self, new_pick: str) -> None:
+        """Drop what candidates that no signature picked hold (compiled programs; made again
+        if a later signature tries them)."""
+        picked = {d.pick for d in self.decisions.values()} | {"eager", new_pick}
+        for name, candidate in self.built().items():
+            if name not in picked:
+                candidate.drop()
+
+    def _log(self, decided: Decision) -> None:
+        times = ", ".join(f"{name} {1e3 * value:.3g} ms" for name, value in decided.seconds.items())
+        log.info(
+            "fusedops.optimize: region %s, call %s: %s%s -> %s",
+            self.title,
+            len(self.decisions) + 1,
+            times or "no trials",
+            f" ({decided.source})" if decided.source != "timed" else "",
+            decided.pick,
+        )
+        for name, why in decided.dropped.items():
+            log.info("fusedops.optimize: region %s: %s dropped: %s", self.title, name, why)
+
+    # -- report -----------------------------------------------------------------------------
+
+    def rows(self) -> list[dict]:
+        """One row per decided signature: the signature, each candidate's milliseconds or why
+        it was left out, the pick and where the decision came from."""
+        found = []
+        for index, decided in enumerate(self.decisions.values(), 1):
+            cells = {name: f"{1e3 * s:.3g} ms" for name, s in decided.seconds.items()}
+            cells.update({name: f"dropped ({why})" for name, why in decided.dropped.items()})
+            cells.update({name: f"unavailable ({why})" for name, why in self.unavailable.items()})
+            found.append(
+                {
+                    "region": self.title,
+                    "call": index,
+                    "signature": _summary(decided.signature),
+                    "candidates": cells,
+                    "pick": decided.pick,
+                    "source": decided.source,
+                }
+            )
+        return found
+
+    def restore(self) -> None:
+        """Put the module back as it was before ``optimize`` (its own forward, its classes)."""
+        if self._swaps is not None:
+            self._swaps.ensure(False)
+        for candidate in (self._built or {}).values():
+            candidate.drop()
+
+
+def _summary(key: str) -> str:
+    """A short form of a signature: train/eval, grad, autocast and the tensor shapes."""
+    try:
+        parts = json.loads(key)
+    except ValueError:
+        return key[:80]
+    shapes = []
+
+    def walk(value):
+        if isinstance(value, list) and value and value[0] == "tensor":
+            shapes.append("x".join(map(str, value[1])) + f" {value[2]}")
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    walk(parts.get("args"))
+    walk(parts.get("kwargs"))
+    mode = "train" if parts.get("train") else "eval"
+    grad = "" if parts.get("grad") else ", no grad"
+    autocast = "".join(f", autocast {d}:{t}" for d, t in parts.get("autocast", []))
+    return f"{mode}{grad}{autocast}: {'; '.join(shapes) or 'no tensors'}"

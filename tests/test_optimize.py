@@ -1,0 +1,406 @@
+"""fusedops.optimize: the model it returns, the trials (leaving no trace, dropping a wrong or
+failing candidate, the margin), signatures, the cache, logs and the report, and 2 ranks agreeing.
+
+Candidates are stand-ins timed by a stand-in clock (``Clock``): each adds its cost to the
+clock when it runs, so the picks are exact and nothing compiles; the real "fused" candidate runs
+where its picks are checked against the model's own numbers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fusedops
+from fusedops.autotune import cache, candidates, region, trial
+from fusedops.testing import assert_close, device_under_test, random_tensor, run_gloo
+
+DEVICE = device_under_test()
+
+
+class Clock:
+    """A stand-in for ``trial.clock``: seconds are what the candidates say they cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Net(nn.Module):
+    """LayerNorm (fusedops has a fused class for it), batch norm (buffers a trial writes) and
+    dropout (random numbers a trial draws)."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.linear = nn.Linear(width, width)
+        self.batch = nn.BatchNorm1d(width)
+        self.drop = nn.Dropout(0.25)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.drop(self.batch(self.linear(self.norm(x)).relu())) * self.scale
+
+
+def _stand_in(name: str, cost: float, clock: Clock, *, wrong: bool = False, fail: bool = False,
+              compiles: bool = False, calls: list | None = None):  # fmt: skip
+    """A builder of a candidate running the model's own forward at ``cost`` seconds a run;
+    ``wrong``: its outputs off by 1%; ``fail``: it raises."""
+
+    def build(module, forward):
+        def run(*args, **kwargs):
+            if calls is not None:
+                calls.append(name)
+            if fail:
+                raise RuntimeError(f"{name} cannot run this")
+            clock.now += cost
+            out = forward(*args, **kwargs)
+            return out * 1.01 if wrong else out
+
+        return candidates.Candidate(name, run, compiles=compiles)
+
+    return build
+
+
+@pytest.fixture
+def clock(monkeypatch, tmp_path):
+    """The stand-in clock, the eager candidate costing 10 s a run, a fresh cache directory."""
+    fake = Clock()
+    monkeypatch.setattr(trial, "clock", fake)
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(cache.ENV_SWITCH, raising=False)
+    cache.forget_memory()
+    monkeypatch.setitem(candidates.BUILDERS, "eager", _stand_in("eager", 10.0, fake))
+    yield fake
+    cache.forget_memory()
+
+
+def _net(seed: int = 0) -> Net:
+    torch.manual_seed(seed)
+    return Net().to(DEVICE)
+
+
+def _x(rows: int = 8) -> torch.Tensor:
+    return random_tensor((rows, 16), torch.float32, DEVICE)
+
+
+def _step(model, x):
+    """One training step's loss and the parameters' gradients (cleared after)."""
+    loss = model(x).square().mean()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return loss.detach(), grads
+
+
+# -- the model optimize returns ----------------------------------------------------------------
+
+
+def test_the_model_keeps_its_keys_parameters_buffers_hooks_and_attributes(clock):
+    model = _net()
+    keys = list(model.state_dict())
+    parameters = list(model.parameters())
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert fusedops.optimize(model, candidates=[]) is model
+    assert type(model) is Net and list(model.state_dict()) == keys
+    assert all(a is b for a, b in zip(model.parameters(), parameters))
+    assert model.scale == 2.0 and model.norm.normalized_shape == (16,)
+    x = _x()
+    loss = model(x).square().mean()
+    loss.backward()
+    optimizer.step()  # built before optimize: its parameters are the model's
+    assert seen == [(8, 16)]
+    model.eval()
+    assert not model.batch.training
+    plain = _net()
+    plain.load_state_dict(model.state_dict())  # a checkpoint loads into the plain model
+    model.load_state_dict(plain.state_dict())  # and back
+
+
+def test_calling_it_twice_does_nothing_and_warns(clock):
+    model = fusedops.optimize(_net(), candidates=[])
+    with pytest.warns(UserWarning, match="optimized already"):
+        assert fusedops.optimize(model) is model
+
+
+def test_bad_arguments_are_named(clock, monkeypatch):
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        fusedops.optimize(lambda x: x)
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        fusedops.optimize(_net(), optimizer="adam")
+    with pytest.raises(ValueError, match=r"unknown candidates \['tensorrt'\]"):
+        fusedops.optimize(_net(), candidates=["tensorrt"])
+    with pytest.raises(TypeError, match="candidates must be a list"):
+        fusedops.optimize(_net(), candidates="compile")
+    for margin in (0, 1.5, True, "0.9"):
+        with pytest.raises(ValueError, match="margin must be a number in"):
+            fusedops.optimize(_net(), margin=margin)
+    with pytest.raises(ValueError, match="max_signatures must be an int >= 1"):
+        fusedops.optimize(_net(), max_signatures=0)
+    from fusedops import autotune
+
+    monkeypatch.setattr(autotune, "_fsdp2", lambda model: True)
+    with pytest.raises(ValueError, match="FSDP2"):
+        fusedops.optimize(_net())
+    with pytest.raises(ValueError, match="was not optimized"):
+        fusedops.optimize_report(_net())
+
+
+def test_restore_gives_the_model_back(clock):
+    model = fusedops.optimize(_net(), candidates=["fused"])
+    model(_x())
+    fusedops.autotune.restore(model)
+    assert "forward" not in model.__dict__ and type(model.norm) is nn.LayerNorm
+    assert fusedops.optimize(model, candidates=[]) is model  # can be optimized again
+
+
+# -- trials ----------------------------------------------------------------------------------
+
+
+def test_trials_leave_no_trace(clock, monkeypatch):
+    """Batch-norm statistics, the random state (dropout) and .grad after the first call and its
+    backward are what the model alone gives."""
+    monkeypatch.setitem(candidates.BUILDERS, "other", _stand_in("other", 20.0, clock))
+    plain, model = _net(1), _net(1)
+    fusedops.optimize(model, candidates=["other"])
+    x = _x()
+    torch.manual_seed(7)
+    expected = _step(plain, x)
+    torch.manual_seed(7)
+    got = _step(model, x)
+    assert torch.equal(got[0], expected[0])
+    for a, b in zip(got[1], expected[1]):
+        assert torch.equal(a, b)
+    for a, b in zip(model.buffers(), plain.buffers()):
+        assert torch.equal(a, b)
+    assert torch.equal(torch.rand(3), (torch.manual_seed(7), plain(x), torch.rand(3))[2])
+
+
+def test_the_fastest_matching_candidate_is_picked(clock, monkeypatch, caplog):
+    calls = []
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock, calls=calls))
+    monkeypatch.setitem(candidates.BUILDERS, "wrong", _stand_in("wrong", 1.0, clock, wrong=True))
+    monkeypatch.setitem(candidates.BUILDERS, "broken", _stand_in("broken", 1.0, clock, fail=True))
+    monkeypatch.setitem(candidates.BUILDERS, "slow", _stand_in("slow", 30.0, clock))
+    model = fusedops.optimize(_net(), candidates=["slow", "wrong", "broken", "fast"])
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "fast"
+    assert decided.seconds == {"eager": 10.0, "slow": 30.0, "fast": 5.0}
+    assert decided.dropped["wrong"].startswith("differs from the model's own code: output 0")
+    assert decided.dropped["broken"] == "failed: RuntimeError: broken cannot run this"
+    calls.clear()
+    model(_x())
+    assert calls == ["fast"]  # later calls of the signature run the pick, untimed
+    text = caplog.text
+    assert "-> fast" in text and "wrong dropped: differs" in text and "broken dropped" in text
+    report = fusedops.optimize_report(model)
+    assert "fast" in report.splitlines()[0] and "timed" in report.splitlines()[2]
+
+
+def test_the_margin_keeps_the_models_own_code(clock, monkeypatch):
+    monkeypatch.setitem(candidates.BUILDERS, "close", _stand_in("close", 9.8, clock))
+    model = fusedops.optimize(_net(), candidates=["close"])
+    model(_x())
+    assert next(iter(model._fusedops_region.decisions.values())).pick == "eager"  # 2% < 3%
+    model = fusedops.optimize(_net(), candidates=["close"], margin=0.99)
+    model(_x())
+    assert next(iter(model._fusedops_region.decisions.values())).pick == "close"
+
+
+def test_the_fused_candidate_gives_the_models_numbers(clock, monkeypatch):
+    """The real fused candidate (fusedops' LayerNorm swapped in) picked: the step's loss and
+    gradients equal the plain model's within fp32 rounding; the classes are swapped for its
+    runs only until it is picked."""
+    real_fused = candidates.fused
+
+    def cheap_fused(module, forward):
+        made = real_fused(module, forward)
+        run = made.run
+
+        def timed(*args, **kwargs):
+            clock.now += 1.0
+            return run(*args, **kwargs)
+
+        made.run = timed
+        return made
+
+    monkeypatch.setitem(candidates.BUILDERS, "fused", cheap_fused)
+    plain, model = _net(2), _net(2)
+    fusedops.optimize(model, candidates=["fused"])
+    x = _x()
+    torch.manual_seed(3)
+    expected = _step(plain, x)
+    torch.manual_seed(3)
+    got = _step(model, x)
+    assert model._fusedops_region.decisions[next(iter(model._fusedops_region.decisions))].pick == (
+        "fused"
+    )
+    assert type(model.norm) is not nn.LayerNorm and isinstance(model.norm, nn.LayerNorm)
+    assert_close(got[0], expected[0], terms=16 * 8, magnitude=float(expected[0]))
+    for a, b in zip(got[1], expected[1]):
+        assert_close(a, b, terms=16 * 8, magnitude=float(b.abs().max()) + 1e-30)
+
+
+def test_new_signatures_are_timed_up_to_the_bound(clock, monkeypatch, caplog):
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    model = fusedops.optimize(_net(), candidates=["fast"], max_signatures=2)
+    model(_x(8))
+    model(_x(8))
+    model(_x(12))  # a new batch size: timed
+    with torch.no_grad():
+        model.eval()
+        with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+            model(_x(8))  # eval + no_grad: a third signature, past the bound
+    sources = [d.source for d in model._fusedops_region.decisions.values()]
+    assert sources == ["timed", "timed", "signature bound"]
+    assert "its bound" in caplog.text
+    report = fusedops.optimize_report(model)
+    assert "eval, no grad: 8x16 float32" in report
+
+
+def test_inference_signatures_time_the_forward_only(clock, monkeypatch):
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    model = fusedops.optimize(_net().eval(), candidates=["fast"])
+    with torch.no_grad():
+        out = model(_x())
+    assert not out.requires_grad
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "fast"
+
+
+def test_a_compiling_candidate_past_the_budget_is_left_out(clock, monkeypatch):
+    monkeypatch.setitem(candidates.BUILDERS, "jit", _stand_in("jit", 1.0, clock, compiles=True))
+    monkeypatch.setattr(region, "COMPILE_BUDGET_S", 0.0)
+    model = fusedops.optimize(_net(), candidates=["jit"])
+    model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "eager" and "compile budget" in decided.dropped["jit"]
+
+
+def test_no_trial_while_compiling(clock, monkeypatch):
+    """torch.compile of an optimized model traces the model's own code (its pick where one was
+    made): no trial runs inside the trace."""
+    calls = []
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock, calls=calls))
+    model = fusedops.optimize(_net(), candidates=["fast"])
+    compiled = torch.compile(model, backend="eager")
+    compiled(_x())
+    assert model._fusedops_region.decisions == {}
+
+
+# -- the cache -------------------------------------------------------------------------------
+
+
+def test_a_second_run_reads_the_cache(clock, monkeypatch, caplog):
+    calls = []
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock, calls=calls))
+    fusedops.optimize(_net(), candidates=["fast"])(_x())
+    assert calls.count("fast") > 1
+    cache.forget_memory()  # as a new process would
+    calls.clear()
+    model = fusedops.optimize(_net(), candidates=["fast"])
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        model(_x())
+    assert calls == ["fast"]  # the call itself: no trial
+    (decided,) = model._fusedops_region.decisions.values()
+    assert (decided.pick, decided.source) == ("fast", "cache")
+    assert "(cache) -> fast" in caplog.text
+
+
+def test_a_corrupt_entry_is_timed_again(clock, monkeypatch):
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    fusedops.optimize(_net(), candidates=["fast"])(_x())
+    cache.forget_memory()
+    (entry,) = cache.directory().glob("*.json")
+    entry.write_text("{not json")
+    model = fusedops.optimize(_net(), candidates=["fast"])
+    with pytest.warns(UserWarning, match="ignoring the cached decision"):
+        model(_x())
+    assert next(iter(model._fusedops_region.decisions.values())).source == "timed"
+    assert json.loads(entry.read_text())["decision"]["pick"] == "fast"  # written again
+
+
+def test_an_unwritable_cache_keeps_decisions_in_memory(clock, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(cache, "_warned_unwritable", False)
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    with pytest.warns(UserWarning, match="kept in memory"):
+        fusedops.optimize(_net(), candidates=["fast"])(_x())
+    model = fusedops.optimize(_net(), candidates=["fast"])
+    model(_x())
+    assert next(iter(model._fusedops_region.decisions.values())).source == "cache"
+
+
+def test_autotune_off_runs_the_models_own_code(clock, monkeypatch):
+    calls = []
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock, calls=calls))
+    monkeypatch.setenv(cache.ENV_SWITCH, "0")
+    model = fusedops.optimize(_net(), candidates=["fast"])
+    model(_x())
+    assert calls == []
+    (decided,) = model._fusedops_region.decisions.values()
+    assert (decided.pick, decided.source) == ("eager", "autotune off")
+
+
+# -- several ranks ---------------------------------------------------------------------------
+
+
+def _ranks(rank: int, world: int, seed: int) -> None:
+    """Each rank: an optimized DDP model (stand-in candidates, rank 1's "fast" one twice as
+    slow, "flaky" failing on rank 1 only) against eager DDP, three steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    fake = Clock()
+    trial.clock = fake
+    cost = 5.0 if rank == 0 else 20.0
+    candidates.BUILDERS["eager"] = _stand_in("eager", 10.0, fake)
+    candidates.BUILDERS["fast"] = _stand_in("fast", cost, fake)
+    candidates.BUILDERS["flaky"] = _stand_in("flaky", 1.0, fake, fail=rank == 1)
+    torch.manual_seed(seed)
+    plain = Net().eval()  # no dropout or batch statistics: the ranks' losses compare exactly
+    model = copy.deepcopy(plain)
+    plain, model = DDP(plain), DDP(model)
+    fusedops.optimize(model, candidates=["fast", "flaky"], cache=False)
+    for step in range(3):
+        generator = torch.Generator().manual_seed(seed + 10 * rank + step)
+        x = torch.randn(4, 16, generator=generator)
+        expected, got = _step(plain, x), _step(model, x)
+        assert torch.equal(got[0], expected[0])
+    (decided,) = model.module._fusedops_region.decisions.values()
+    assert decided.pick == "fast", decided  # rank 0's times decided, on every rank
+    assert decided.dropped["flaky"] in ("failed: RuntimeError: flaky cannot run this",
+                                        "failed or differed on another rank")  # fmt: skip
+    picks = [None] * world
+    dist.all_gather_object(picks, decided.pick)
+    assert picks == ["fast"] * world
+
+
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="no gloo",
+)
+def test_ranks_make_the_same_decision(monkeypatch, tmp_path):
+    seed = int(torch.randint(0, 2**20, (), device="cpu").item())
+    run_gloo(_ranks, 2, seed, timeout=120, env={"FUSEDOPS_CACHE_DIR": str(tmp_path)})
+
+
+def test_warnings_module_is_quiet_on_plain_calls(clock):
+    model = fusedops.optimize(_net(), candidates=[])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(_x())
+        model(_x())

@@ -19,7 +19,8 @@ torch->JAX, activation torch->JAX, JAX->torch, on the CPU). Prints a table, appe
 
 Run: ``.venv/bin/python benchmarks/bench_xla.py [--steps N] [--rounds R] [--device cpu|cuda]
 [--models mlp,vit,vit_b16] [--batch B] [--dtype float32|bfloat16]
-[--backends eager,xla,inductor,xla_jax_first] [--omp-wait-policy P] [--quick]`` (quick: 1 round
+[--backends eager,xla,inductor,xla_jax_first,optimize] [--omp-wait-policy P] [--quick]``
+(``optimize``: fusedops.optimize, its trials in each process's first step; quick: 1 round
 of 6 steps, eager and xla, unless given; rows in ``..._xla_quick.csv``)
 """
 
@@ -34,6 +35,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,8 +141,10 @@ def build_case(model: str, batch: int | None, device: str, dtype: str):
     return case_name(model, batch, dtype), module.to(device, kind), _to(x, device, kind)
 
 
-#: backends of ``--backends``: partial_trace(xla) twice, torch imported first or jax first
-BACKENDS = ("eager", "xla", "inductor", "xla_jax_first")
+#: backends of ``--backends``: partial_trace(xla) twice, torch imported first or jax first;
+#: ``optimize``: fusedops.optimize(model), its decisions in a cache of the process's own (each
+#: process times its candidates on its first step)
+BACKENDS = ("eager", "xla", "inductor", "xla_jax_first", "optimize")
 
 
 def make_forward(backend: str, model: nn.Module):
@@ -148,6 +152,10 @@ def make_forward(backend: str, model: nn.Module):
     ``partial_trace(backend="xla")`` or under ``torch.compile``."""
     if backend == "eager":
         return model
+    if backend == "optimize":
+        import fusedops
+
+        return fusedops.optimize(model)
     if backend in ("xla", "xla_jax_first"):
         from fusedops.xla import partial_trace
 
@@ -194,6 +202,8 @@ def run_worker(backend: str, case: list[str], steps: int, wait_policy: str) -> d
     {"ms": [per-step ms], "compile_s", "picks": [each region's "xla" or "eager"]}."""
     env = dict(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside torch on a GPU
+    if backend == "optimize":  # its trials in every process: no decision from an earlier one
+        env["FUSEDOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="fusedops-bench-")
     env.pop("OMP_WAIT_POLICY", None)
     if wait_policy:
         env["OMP_WAIT_POLICY"] = wait_policy

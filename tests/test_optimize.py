@@ -404,3 +404,25 @@ def test_warnings_module_is_quiet_on_plain_calls(clock):
         warnings.simplefilter("error")
         model(_x())
         model(_x())
+
+
+def test_autocast_and_gradient_accumulation(clock, monkeypatch):
+    """A call under autocast is its own signature (timed apart); gradients accumulated over two
+    calls and backwards equal the plain model's (trials put nothing into .grad)."""
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    plain, model = _net(4).eval(), _net(4).eval()  # no dropout or batch statistics
+    fusedops.optimize(model, candidates=["fast"])
+    x = _x()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        got = model(x)
+        expected = plain(x)
+    assert got.dtype == expected.dtype == torch.bfloat16 and torch.equal(got, expected)
+    batches = [_x(), _x()]
+    for net in (plain, model):
+        for batch in batches:
+            net(batch).square().mean().backward()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    signatures = [d.signature for d in model._fusedops_region.decisions.values()]
+    assert len(signatures) == 2 and '"autocast": [["' in signatures[0]
+    assert '"autocast": []' in signatures[1]

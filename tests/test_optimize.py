@@ -426,3 +426,75 @@ def test_autocast_and_gradient_accumulation(clock, monkeypatch):
     signatures = [d.signature for d in model._fusedops_region.decisions.values()]
     assert len(signatures) == 2 and '"autocast": [["' in signatures[0]
     assert '"autocast": []' in signatures[1]
+
+
+# -- per-module backend picks inside the fused candidate --------------------------------------
+
+
+class _LayerNormBackend(fusedops.dispatch.Backend):
+    """A test kernel family for layer_norm on CPU tensors: the reference's math, off by 1%
+    where ``wrong``."""
+
+    devices = ("cpu",)
+    pick = fusedops.dispatch.Pick.VERIFIED
+    priority = 5
+
+    def __init__(self, name: str, wrong: bool = False):
+        self.name, self.wrong = name, wrong
+
+    def unavailable(self, op):
+        return [] if op.name == "layer_norm" else [f"{self.name}: layer_norm only"]
+
+    def implementation(self, op):
+        from types import SimpleNamespace
+
+        forward, backward = op.reference.layer_norm_forward, op.reference.layer_norm_backward
+
+        def wrong_forward(*args):
+            y, mean, rstd = forward(*args)
+            return y * 1.01, mean, rstd
+
+        return SimpleNamespace(
+            layer_norm_forward=wrong_forward if self.wrong else forward,
+            layer_norm_backward=backward,
+        )
+
+
+def test_each_fused_module_runs_on_the_backend_its_trial_picks(clock, monkeypatch):
+    """With kernels the rule may run (here test kernels on CPU under FUSEDOPS_UNVERIFIED=1), a
+    fused module's first call times each against native, drops the one whose outputs differ
+    (one warning naming it) and runs the fastest; without them, nothing is timed."""
+    from fusedops.autotune import backends
+
+    backends.forget()
+    costs = {"native": 10.0, "fastln": 2.0, "wrongln": 1.0}
+    real_forward = backends.BackendPick._forward
+
+    def costed(self, *args, **kwargs):
+        clock.now += costs[fusedops.dispatch.requested() or "native"]
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(backends.BackendPick, "_forward", costed)
+    norm = fusedops.nn.LayerNorm(16).to(DEVICE)
+    norm.forward = backends.BackendPick(norm)
+    x = _x().requires_grad_()
+    norm(x)  # only native may run: nothing timed
+    ((_, signature),) = backends.PICKS
+    assert backends.PICKS[(fusedops.nn.LayerNorm, signature)] == backends.AUTOMATIC
+    backends.forget()
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
+    with (
+        fusedops.dispatch.register_backend(_LayerNormBackend("fastln")),
+        fusedops.dispatch.register_backend(_LayerNormBackend("wrongln", wrong=True)),
+    ):
+        with pytest.warns(RuntimeWarning, match="LayerNorm on wrongln .* differs from PyTorch"):
+            y = norm(x)
+        ((key, measured),) = backends.TRIALS.items()
+        assert backends.PICKS[key] == "fastln"
+        assert measured["native"] == 10.0 and measured["fastln"] == 2.0
+        assert measured["wrongln"].startswith("differs from native: output 0")
+        expected = fusedops.layer_norm(x, (16,), norm.weight, norm.bias, backend="reference")
+        assert_close(y, expected, terms=16, magnitude=float(expected.detach().abs().max()))
+        norm(x)
+        assert fusedops.dispatch.last_used["layer_norm"] == "fastln"
+    backends.forget()

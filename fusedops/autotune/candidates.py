@@ -61,8 +61,14 @@ class Swaps:
     def ensure(self, applied: bool) -> None:
         if applied == self.applied:
             return
+        from fusedops.autotune.backends import BackendPick
+
         for module, original, fused in self.pairs:
             module.__class__ = fused if applied else original
+            if applied:  # each fused module on the backend its trials pick
+                module.forward = BackendPick(module)
+            else:
+                module.__dict__.pop("forward", None)
         self.applied = applied
 
 

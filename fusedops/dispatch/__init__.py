@@ -79,6 +79,7 @@ __all__ = [
     "is_kernel",
     "kernel_backend_names",
     "last_used",
+    "observing",
     "pick",
     "register_backend",
     "register_op",
@@ -455,6 +456,29 @@ def pick(name: str, *tensors: torch.Tensor, backend: str | None = None) -> str:
     chosen = select_name(name, *tensors, backend=backend)
     last_used[name] = chosen
     return chosen
+
+
+
+@contextlib.contextmanager
+def observing() -> Iterator[list]:
+    """Record the dispatch of each fused op called in the block: yields a list that gets
+    ``(op name, the tensors passed to dispatch)`` per call (what ``fusedops.optimize`` asks
+    ``candidates`` about). ``pick`` (which ``select`` and the ops' eager paths call) is
+    replaced by a recording one for the block, so calls outside a block pay nothing; calls
+    from other threads during the block are recorded too."""
+    global pick
+    seen: list = []
+    previous = pick
+
+    def recording(name: str, *tensors: torch.Tensor, backend: str | None = None) -> str:
+        seen.append((name, tensors))
+        return previous(name, *tensors, backend=backend)
+
+    pick = recording
+    try:
+        yield seen
+    finally:
+        pick = previous
 
 
 def availability() -> dict[str, dict[str, str]]:

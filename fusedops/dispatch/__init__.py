@@ -491,13 +491,3 @@ def availability() -> dict[str, dict[str, str]]:
             row[backend.name] = "available" if not reasons else "; ".join(reasons)
         table[name] = row
     return table
-
-
-def install_reasons(op: Op, backend: str) -> list[str]:
-    """Why ``backend`` cannot run ``op`` here, whatever the inputs (no GPU probing)."""
-    return get_backend(backend).unavailable(op)
-
-
-def input_reasons(op: Op, backend: str, tensors: Sequence[torch.Tensor]) -> list[str]:
-    """Why ``backend`` cannot run ``op`` on ``tensors`` (empty list: it can)."""
-    return get_backend(backend).reasons(op, tensors)

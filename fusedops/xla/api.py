@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from fusedops.utils.wrapping import ModelWrapper
 from fusedops.xla.errors import XLATraceError
 
 BACKENDS = ("xla", "eager", "inductor")
@@ -50,6 +51,14 @@ def partial_trace(
     leave buffers and the random state as they were; ``stats.picks`` says what each region
     runs as; ``FUSEDOPS_XLA_CPU_PICK=0`` keeps XLA everywhere).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
+
+    Returns, for a function, the compiled function (``.stats``: ``programs``, ``regions``,
+    ``picks``...); for a module, a module running it so (``backend="xla"``; ``"eager"`` returns
+    the module itself): a ``fusedops.utils.wrapping.ModelWrapper``, whose ``state_dict()`` /
+    ``load_state_dict()`` keys, ``parameters()``, buffers and ``train()``/``eval()`` are the
+    module's own (no ``module.`` prefix: a checkpoint saved from it loads into the plain module
+    and back), whose other attributes read the module's, and whose ``.module`` is the module
+    and ``.stats`` what was compiled.
 
     Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or
     ``fully_shard`` (FSDP2) as any module. Inside DDP each region is split at DDP's bucket
@@ -123,12 +132,13 @@ def _ddp_buckets_too_small() -> bool:
     return ddp is not None and ddp.bucket_bytes_cap < torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
-class _TracedModule(torch.nn.Module):
-    """A module whose calls go through ``partial_trace``; shares the wrapped module's state."""
+class _TracedModule(ModelWrapper):
+    """A module whose calls go through ``partial_trace``: a ``ModelWrapper``, so its
+    ``state_dict`` keys, parameters, buffers and train/eval are the wrapped module's own (no
+    ``module.`` prefix); ``module`` is the wrapped module, ``stats`` what was compiled."""
 
     def __init__(self, module: torch.nn.Module, run):
-        super().__init__()
-        self.module = module
+        super().__init__(module)
         self._run = run
         self.stats = run.stats
         self._checked_sharding = False

@@ -16,7 +16,7 @@ importing torch. The rules (docs/adding-an-op.md):
 The same reader gives a package's names from its modules (``fusedops.nn``): each public
 module's ``__all__``, less the names it declares in ``__reexports__`` (a re-export module
 gives names whose home is another module: an older import path, or the path another library
-uses for them; the name is exported from its home only).
+uses for them, docs/migrating.md; the name is exported from its home only).
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ class ModelWrapper(nn.Module):
       around the model's call inside ``forward``; state-dict hooks registered on either are
       the model's (one table).
 
-    Subclasses define ``forward``; this one calls the model.
+    Subclasses define ``forward``; this one calls the model. A subclass keeps a module of its
+    own (a compiled copy...) with ``object.__setattr__``: assigned as an attribute it would
+    become a submodule of the model, whose submodule table the wrapper shares.
     """
 
     def __init__(self, model: nn.Module):

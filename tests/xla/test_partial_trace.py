@@ -323,3 +323,11 @@ def test_traced_module_has_the_models_state_dict_parameters_and_modes(tmp_path):
     for key, value in ref.state_dict().items():
         assert torch.equal(other.state_dict()[key], value), key
     assert_close(other.eval()(x), ref.eval()(x), dtype=torch.float32, scale=4.0, msg="loaded")
+    # inductor too: torch.compile's module would prefix the keys with _orig_mod.
+    # (torch.compile's first use imports torch.jit's deprecated parts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        compiled = partial_trace(models.ConvBN(), backend="inductor")
+    assert isinstance(compiled, ModelWrapper)
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert list(compiled.module._modules) == ["conv1", "bn1", "conv2", "bn2", "fc"]

@@ -12,6 +12,11 @@ importing torch. The rules (docs/adding-an-op.md):
 - a ``register_op`` call names its op by a string literal, a module-level string constant
   (``NAME = "..."``) or the variable of an enclosing ``for`` loop over a tuple or list of string
   literals, and its kernel modules by ``kernels="<stem>"`` (a literal or such a constant).
+
+The same reader gives a package's names from its modules (``fusedops.nn``): each public
+module's ``__all__``, less the names it declares in ``__reexports__`` (a re-export module
+gives names whose home is another module: an older import path, or the path another library
+uses for them, docs/migrating.md; the name is exported from its home only).
 """
 
 from __future__ import annotations
@@ -166,11 +171,9 @@ def registrations(folder: Path = OPS_DIR) -> list[Registration]:
     return found
 
 
-def public_names(path: Path, tree: ast.Module | None = None) -> tuple[str, ...]:
-    """The ``__all__`` of module ``path`` (a list or tuple of string literals at module level;
-    ``tree``: its source already parsed)."""
-    if tree is None:
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+def _module_assignment(tree: ast.Module, name: str) -> ast.expr | None:
+    """The value of the module-level assignment to ``name`` (the last one), or None."""
+    found = None
     for statement in tree.body:
         if isinstance(statement, ast.Assign):
             targets, value = statement.targets, statement.value
@@ -178,12 +181,52 @@ def public_names(path: Path, tree: ast.Module | None = None) -> tuple[str, ...]:
             targets, value = [statement.target], statement.value
         else:
             continue
-        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-            values = _strings(value) if isinstance(value, (ast.Tuple, ast.List)) else None
-            if values is None:
-                raise LayoutError(f"{path.name}: __all__ is not a list of string literals")
-            return tuple(values)
-    raise LayoutError(f"{path.name} has no __all__ (its public names: [] for none)")
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            found = value
+    return found
+
+
+def _parsed(path: Path, tree: ast.Module | None) -> ast.Module:
+    return tree if tree is not None else ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def public_names(path: Path, tree: ast.Module | None = None) -> tuple[str, ...]:
+    """The ``__all__`` of module ``path`` (a list or tuple of string literals at module level;
+    ``tree``: its source already parsed)."""
+    value = _module_assignment(_parsed(path, tree), "__all__")
+    if value is None:
+        raise LayoutError(f"{path.name} has no __all__ (its public names: [] for none)")
+    values = _strings(value) if isinstance(value, (ast.Tuple, ast.List)) else None
+    if values is None:
+        raise LayoutError(f"{path.name}: __all__ is not a list of string literals")
+    return tuple(values)
+
+
+def reexported_names(path: Path, tree: ast.Module | None = None) -> tuple[str, ...]:
+    """The ``__reexports__`` of module ``path``: the names of its ``__all__`` whose home is
+    another module (a list or tuple of string literals, or ``__all__`` itself for a module
+    that only re-exports; none declared: ``()``)."""
+    tree = _parsed(path, tree)
+    value = _module_assignment(tree, "__reexports__")
+    if value is None:
+        return ()
+    names = public_names(path, tree)
+    if isinstance(value, ast.Name) and value.id == "__all__":
+        return names
+    values = _strings(value) if isinstance(value, (ast.Tuple, ast.List)) else None
+    if values is None:
+        raise LayoutError(f"{path.name}: __reexports__ is not a list of string literals or __all__")
+    outside = sorted(set(values) - set(names))
+    if outside:
+        raise LayoutError(f"{path.name}: __reexports__ names {outside}, which are not in __all__")
+    return tuple(values)
+
+
+def own_names(path: Path, tree: ast.Module | None = None) -> tuple[str, ...]:
+    """The names module ``path`` is the home of: its ``__all__`` less its ``__reexports__``."""
+    tree = _parsed(path, tree)
+    reexported = set(reexported_names(path, tree))
+    return tuple(name for name in public_names(path, tree) if name not in reexported)
 
 
 def op_attributes(folder: Path = OPS_DIR, package: str = "fusedops.ops") -> dict[str, str]:
@@ -199,14 +242,16 @@ def op_attributes(folder: Path = OPS_DIR, package: str = "fusedops.ops") -> dict
 
 
 def module_attributes(folder: Path, package: str) -> dict[str, str]:
-    """Public name -> the dotted module defining it, from the ``__all__`` of every public
-    module (no leading underscore) of ``folder``, the package ``package`` (``fusedops.nn``'s
-    lazy exports)."""
+    """Public name -> the dotted module defining it, from every public module (no leading
+    underscore) of ``folder``, the package ``package`` (``fusedops.nn``'s lazy exports): each
+    module's ``__all__`` less its ``__reexports__`` (``own_names``), so a name re-exported
+    under another path is exported from its home alone. A name two modules claim as their
+    own is a ``LayoutError``."""
     table: dict[str, str] = {}
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        for name in public_names(path):
+        for name in own_names(path):
             if name in table:
                 raise LayoutError(f"{name!r} is in the __all__ of {table[name]} and of {path.stem}")
             table[name] = f"{package}.{path.stem}"

@@ -5,6 +5,7 @@ import itertools
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -600,6 +601,91 @@ def test_hooks_replace_torch_adam_and_adamw_and_restore():
     assert torch.optim.Adam is original_adam and torch.optim.AdamW is original_adamw
     assert sys.modules["torch.optim.adam"].Adam is original_adam
     assert FusedAdam.__mro__[2] is original_adam and FusedAdamW.__mro__[2] is original_adamw
+
+
+@pytest.mark.usefixtures("_restore_hooks")
+def test_enable_fused_adam_replaces_adam_and_adamw():
+    """TorchAcc's ``hooks.enable_fused_adam()`` ("Adam/AdamW"): both classes, in both places
+    torch exposes each; report() lists the four; disable restores both."""
+    original_adam, original_adamw = torch.optim.Adam, torch.optim.AdamW
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hooks.enable_fused_adam()
+    assert "adam" in hooks.enabled() and "adamw" not in hooks.enabled()
+    assert torch.optim.Adam is FusedAdam and sys.modules["torch.optim.adam"].Adam is FusedAdam
+    assert torch.optim.AdamW is FusedAdamW and sys.modules["torch.optim.adamw"].AdamW is FusedAdamW
+    report = hooks.report()
+    for where in ("torch.optim.Adam", "torch.optim.adam.Adam"):
+        assert f"  patched {where}\n" in report
+    for where in ("torch.optim.AdamW", "torch.optim.adamw.AdamW"):
+        assert f"  patched {where}" in report
+    assert hooks.state()["adam"]["patched"] == [
+        "torch.optim.Adam",
+        "torch.optim.adam.Adam",
+        "torch.optim.AdamW",
+        "torch.optim.adamw.AdamW",
+    ]
+    params = _model_params()
+    assert type(torch.optim.AdamW(params, lr=0.1)) is FusedAdamW
+    hooks.disable_fused_adam()
+    assert torch.optim.Adam is original_adam and torch.optim.AdamW is original_adamw
+    assert sys.modules["torch.optim.adamw"].AdamW is original_adamw
+    # FUSEDOPS_HOOKS=adam names the same hook
+    assert hooks.enable_from_spec("adam") == ["adam"]
+    assert torch.optim.AdamW is FusedAdamW and torch.optim.Adam is FusedAdam
+
+
+@pytest.mark.usefixtures("_restore_hooks")
+@pytest.mark.parametrize("first", ["adam", "adamw"])
+def test_adam_and_adamw_hooks_hold_adamw_together(first):
+    """Both hooks on (either order, no warning): AdamW stays fused until the last of them is
+    disabled; enable_fused_adamw alone leaves Adam as it is."""
+    original_adam, original_adamw = torch.optim.Adam, torch.optim.AdamW
+    switches = {
+        "adam": (hooks.enable_fused_adam, hooks.disable_fused_adam),
+        "adamw": (hooks.enable_fused_adamw, hooks.disable_fused_adamw),
+    }
+    second = "adamw" if first == "adam" else "adam"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        switches[first][0]()
+        assert torch.optim.Adam is (FusedAdam if first == "adam" else original_adam)
+        switches[second][0]()
+    assert torch.optim.Adam is FusedAdam and torch.optim.AdamW is FusedAdamW
+    assert hooks.state()["adamw"]["patched"] == ["torch.optim.AdamW", "torch.optim.adamw.AdamW"]
+    switches[first][1]()
+    assert torch.optim.AdamW is FusedAdamW and sys.modules["torch.optim.adamw"].AdamW is FusedAdamW
+    assert torch.optim.Adam is (original_adam if first == "adam" else FusedAdam)
+    switches[second][1]()
+    assert torch.optim.Adam is original_adam and torch.optim.AdamW is original_adamw
+    assert sys.modules["torch.optim.adamw"].AdamW is original_adamw
+
+
+def test_enable_fused_adam_before_torch_import_patches_adamw_too():
+    code = (
+        "import sys\n"
+        "from fusedops import hooks\n"
+        "hooks.enable_fused_adam()\n"
+        "assert 'torch' not in sys.modules\n"
+        "from torch.optim import Adam, AdamW\n"
+        "print(Adam.__name__, Adam.__module__, AdamW.__name__, AdamW.__module__)\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo), "FUSEDOPS_HOOKS": ""},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "FusedAdam",
+        "fusedops.optim.adam",
+        "FusedAdamW",
+        "fusedops.optim.adam",
+    ]
 
 
 def test_hook_enabled_before_torch_import_patches_from_imports():

@@ -1,5 +1,7 @@
-"""auto_checkpoint: the fewest blocks for the budget, bit-for-bit losses and gradients (dropout
-included), state_dict unchanged, undo, fusedops hooks and torch.compile."""
+"""auto_checkpoint: the model returned, checkpointed in place (TorchAcc's ``model =
+torchacc.auto_checkpoint(model)``), the fewest blocks for the budget, bit-for-bit losses and
+gradients (dropout included), state_dict unchanged, the plan read back, undo, fusedops hooks and
+torch.compile."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import pytest
 import torch
 
 import fusedops
-from fusedops.testing import random_tensor
-from fusedops.utils.checkpoint import find_blocks
+from fusedops.testing import assert_close, random_tensor
+from fusedops.utils.checkpoint import checkpoint_plan, find_blocks, undo_checkpoint
 from tests.checkpoint_models import Stack, saved_bytes
 
 CPU = torch.device("cpu")
@@ -40,7 +42,8 @@ def _wrapped(model) -> list[str]:
 def test_losses_and_gradients_bit_for_bit_with_dropout():
     model = Stack(p=0.3)
     ref = copy.deepcopy(model)
-    plan = fusedops.auto_checkpoint(model, 0.5)
+    assert fusedops.auto_checkpoint(model, 0.5) is model
+    plan = checkpoint_plan(model)
     assert plan.blocks == [f"blocks.{i}" for i in range(4)] and not plan.measured
     _steps(model, ref, random_tensor((3, 10, 8), device=CPU), steps=3)
     assert plan.measured and plan.wrapped and _wrapped(model) == plan.wrapped
@@ -54,7 +57,7 @@ def test_fewest_blocks_that_fit_the_budget(budget):
     model = Stack(n=5, uneven=True)
     x = random_tensor((2, 12, 8), device=CPU)
     unchecked = saved_bytes(model, x)
-    plan = fusedops.auto_checkpoint(model, budget).measure(x)
+    plan = checkpoint_plan(fusedops.auto_checkpoint(model, budget)).measure(x)
     assert plan.total == unchecked
     expected_budget = int(budget * unchecked) if isinstance(budget, float) else budget
     assert plan.budget == expected_budget
@@ -75,7 +78,8 @@ def test_fewest_blocks_that_fit_the_budget(budget):
 
 def test_default_budget_on_cpu_is_half():
     model = Stack()
-    plan = fusedops.auto_checkpoint(model).measure(random_tensor((2, 12, 8), device=CPU))
+    model = fusedops.auto_checkpoint(model)
+    plan = checkpoint_plan(model).measure(random_tensor((2, 12, 8), device=CPU))
     assert plan.budget == plan.total // 2 and plan.wrapped
 
 
@@ -83,25 +87,36 @@ def test_undo_restores_the_model():
     model = Stack()
     x = random_tensor((2, 12, 8), device=CPU)
     unchecked = saved_bytes(model, x)
-    plan = fusedops.auto_checkpoint(model, 0.3).measure(x)
+    checkpoint_plan(fusedops.auto_checkpoint(model, 0.3)).measure(x)
     assert saved_bytes(model, x) < unchecked
-    plan.undo()
+    assert undo_checkpoint(model) is model
     assert _wrapped(model) == [] and saved_bytes(model, x) == unchecked
     assert not model._forward_hooks and not model._forward_pre_hooks
+    with pytest.raises(ValueError, match="not checkpointed"):
+        checkpoint_plan(model)
+    # unmeasured: the measuring hooks go
+    fusedops.auto_checkpoint(model, 0.3)
+    assert model._forward_pre_hooks
+    undo_checkpoint(model)
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    # CheckpointPlan.undo() restores the forwards too (the plan stays readable)
+    checkpoint_plan(fusedops.auto_checkpoint(model, 0.3)).measure(x)
+    checkpoint_plan(model).undo()
+    assert _wrapped(model) == [] and checkpoint_plan(model).wrapped == []
 
 
 def test_no_grad_forward_does_not_measure():
-    model = Stack()
-    plan = fusedops.auto_checkpoint(model, 0.5)
+    model = fusedops.auto_checkpoint(Stack(), 0.5)
     with torch.no_grad():
         model(random_tensor((2, 4, 8), device=CPU))
+    plan = checkpoint_plan(model)
     assert not plan.measured and "not measured" in plan.report()
 
 
 def test_find_blocks_outermost_repeated_children():
     model = torch.nn.Sequential(Stack(n=2), Stack(n=2), torch.nn.Linear(1, 8))
     assert [name for name, _ in find_blocks(model)] == ["0", "1"]
-    plan = fusedops.auto_checkpoint(torch.nn.Linear(3, 3))
+    plan = checkpoint_plan(fusedops.auto_checkpoint(torch.nn.Linear(3, 3)))
     assert plan.blocks == [] and "no repeated blocks" in plan.report()
 
 
@@ -119,7 +134,9 @@ def test_with_fusedops_hooks():
     _steps(model, ref, random_tensor((2, 6, 8), device=CPU))
     assert _wrapped(model)
     late = copy.deepcopy(ref)
-    fusedops.auto_checkpoint(late, 0.5).measure(random_tensor((2, 6, 8), device=CPU))
+    checkpoint_plan(fusedops.auto_checkpoint(late, 0.5)).measure(
+        random_tensor((2, 6, 8), device=CPU)
+    )
     late_counts: dict = {}
     hooks.replace_modules(late, ["layer_norm"], counts=late_counts)
     assert _wrapped(late) and sum(late_counts.values()) == 0  # already fused: nothing to swap
@@ -130,7 +147,7 @@ def test_under_torch_compile():
     model = Stack(n=3, p=0.0)
     ref = copy.deepcopy(model)
     x = random_tensor((2, 6, 8), device=CPU)
-    plan = fusedops.auto_checkpoint(model, 0.5).measure(x)
+    plan = checkpoint_plan(fusedops.auto_checkpoint(model, 0.5)).measure(x)
     assert plan.wrapped
     compiled = torch.compile(model, backend="aot_eager")
     _steps(compiled, ref, x)
@@ -147,3 +164,33 @@ def test_bad_arguments():
             fusedops.auto_checkpoint(model, bad)
     with pytest.raises(TypeError, match="model"):
         fusedops.auto_checkpoint(lambda x: x)
+
+
+def test_returns_the_model_checkpointed_in_place():
+    """TorchAcc's ``model = torchacc.auto_checkpoint(model)``: the same module back, its
+    parameters the same objects; losses and gradients of the unchecked model (tolerance
+    table); the plan read back; a second call re-plans; copies carry the plan."""
+    model = Stack(n=4, p=0.0)
+    ref = copy.deepcopy(model)
+    params = list(model.parameters())
+    model = fusedops.auto_checkpoint(model, 0.5)
+    assert isinstance(model, Stack) and all(p is q for p, q in zip(model.parameters(), params))
+    x = random_tensor((2, 6, 8), device=CPU)
+    for _ in range(2):
+        loss, ref_loss = model(x).square().mean(), ref(x).square().mean()
+        loss.backward()
+        ref_loss.backward()
+        assert_close(loss, ref_loss, msg="loss")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert_close(p.grad, q.grad, msg=name)
+    plan = checkpoint_plan(model)
+    assert plan.measured and plan.wrapped and _wrapped(model) == plan.wrapped
+    copied = copy.deepcopy(model)
+    assert checkpoint_plan(copied).model is copied and _wrapped(copied) == plan.wrapped
+    assert fusedops.auto_checkpoint(model, 1.0) is model  # a new budget: a new plan
+    assert checkpoint_plan(model) is not plan and _wrapped(model) == []
+    assert not checkpoint_plan(model).measured
+    with pytest.raises(ValueError, match="not checkpointed"):
+        checkpoint_plan(ref)
+    with pytest.raises(ValueError, match="not checkpointed"):
+        undo_checkpoint(ref)

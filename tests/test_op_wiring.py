@@ -326,35 +326,59 @@ def test_a_new_ops_test_files_are_found_by_name(recorder, tmp_path):
 # -- 4. fusedops.nn's exports and fusedops.hooks' enable_* / disable_* ----------------------
 
 
-def _top_level_names(path: Path) -> set[str]:
+def _top_level_names(path: Path, aliases: bool = False) -> set[str]:
+    """The public functions and classes ``path`` defines at module level; aliases: also the
+    names bound to one of them (``QuickGelu = QuickGELU``)."""
     tree = ast.parse(path.read_text())
-    return {
+    names = {
         node.name
         for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
     }
+    if aliases:
+        names |= {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in names
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+    return names
 
 
 def _unexported(folder: Path, exported) -> list[str]:
-    """The names in the ``__all__`` of the public modules of ``folder`` not in ``exported``."""
+    """The names the public modules of ``folder`` are the home of (``__all__`` less
+    ``__reexports__``) not in ``exported``."""
     modules = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
-    return sorted({n for path in modules for n in _layout.public_names(path)} - set(exported))
+    return sorted({n for path in modules for n in _layout.own_names(path)} - set(exported))
 
 
 def test_nn_exports_every_nn_modules_all():
     """fusedops.nn's names come from its modules' ``__all__`` (loaded on first access): its
-    ``__all__`` is every public ``fusedops/nn/<module>.py``'s ``__all__``, no more, and each
-    name is the object its module defines."""
+    ``__all__`` is every public ``fusedops/nn/<module>.py``'s own names (``__all__`` less the
+    ``__reexports__`` of a re-export module), no more; each is defined there (a class, a
+    function or an alias of one) and is the object its module holds; a re-exported name is
+    the object of its home, never exported from the re-export module."""
     import fusedops.nn
 
     folder = PACKAGE / "nn"
     assert _unexported(folder, fusedops.nn.__all__) == []
     assert _unexported(folder, ()) == sorted(fusedops.nn.__all__)
+    reexporting = 0
     for path in folder.glob("[!_]*.py"):
-        names = _layout.public_names(path)
-        assert set(names) <= _top_level_names(path), path.name
+        names, reexported = _layout.own_names(path), _layout.reexported_names(path)
+        assert set(names) <= _top_level_names(path, aliases=True), path.name
+        assert not set(reexported) & _top_level_names(path, aliases=True), path.name
         module = importlib.import_module(f"fusedops.nn.{path.stem}")
         assert all(getattr(fusedops.nn, n) is getattr(module, n) for n in names), path.name
+        assert all(getattr(module, n).__module__ == module.__name__ for n in names), path.name
+        for name in reexported:
+            home = sys.modules[getattr(module, name).__module__]
+            assert home is not module and getattr(home, name) is getattr(module, name), name
+            reexporting += 1
+    assert reexporting  # the seed runtime's paths and the earlier ones (nms, swin, dcn)
 
 
 def test_a_new_nn_modules_names_are_exported(tmp_path):
@@ -367,6 +391,29 @@ def test_a_new_nn_modules_names_are_exported(tmp_path):
     assert _layout.module_attributes(folder, "pkg") == {"NewModule": "pkg.new"}
     (folder / "bare.py").write_text("class Bare: ...\n")
     with pytest.raises(_layout.LayoutError, match="bare.py has no __all__"):
+        _layout.module_attributes(folder, "pkg")
+
+
+def test_a_re_export_module_exports_nothing_of_its_own(tmp_path):
+    """A module's ``__reexports__`` (names of its ``__all__`` whose home is elsewhere) stay out
+    of the package's table; without it a name in two ``__all__`` is a LayoutError."""
+    folder = _package(tmp_path / "nn", {"home.py": "__all__ = ['Thing', 'Alias']\n"})
+    (folder / "seed_path.py").write_text(
+        "from pkg.home import Thing\n__all__ = ['Thing']\n__reexports__ = __all__\n"
+    )
+    (folder / "partly.py").write_text("__all__ = ['Own', 'Alias']\n__reexports__ = ('Alias',)\n")
+    assert _layout.module_attributes(folder, "pkg") == {
+        "Thing": "pkg.home",
+        "Alias": "pkg.home",
+        "Own": "pkg.partly",
+    }
+    assert _layout.reexported_names(folder / "seed_path.py") == ("Thing",)
+    assert _layout.own_names(folder / "partly.py") == ("Own",)
+    (folder / "seed_path.py").write_text("__all__ = ['Thing']\n")
+    with pytest.raises(_layout.LayoutError, match="__all__ of"):
+        _layout.module_attributes(folder, "pkg")
+    (folder / "seed_path.py").write_text("__all__ = []\n__reexports__ = ['Thing']\n")
+    with pytest.raises(_layout.LayoutError, match="not in __all__"):
         _layout.module_attributes(folder, "pkg")
 
 

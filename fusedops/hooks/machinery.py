@@ -295,6 +295,13 @@ def _apply(hook: Hook, target: Target) -> None:
             _Patch(target.location, holder, slot, entry, earlier.original, original)
         )
         return
+    shared = _shared_with(hook, target, holder, slot, original)
+    if shared is not None:
+        # Another enabled hook put here the replacement this hook makes (adam and adamw both
+        # patch torch.optim.AdamW): the location is held by both, recorded with the true
+        # original; disable restores it when the last hook holding it lets go.
+        hook.applied.append(_Patch(target.location, holder, slot, entry, shared, original))
+        return
     try:
         patch = _Patch(target.location, holder, slot, entry, original, target.make(original))
         if patch.replacement is original:
@@ -311,6 +318,35 @@ def _apply(hook: Hook, target: Target) -> None:
         _cannot_patch(hook, target, exc)
         return
     hook.applied.append(patch)
+
+
+def _holders_of(holder: Any, slot: Any, entry: bool, replacement: Any, but: Hook) -> list:
+    """The patches of enabled hooks other than ``but`` that put ``replacement`` at this
+    location."""
+    return [
+        patch
+        for other in _HOOKS.values()
+        if other is not but and other.enabled
+        for patch in other.applied
+        if patch.holder is holder
+        and patch.slot == slot
+        and patch.entry == entry
+        and patch.replacement is replacement
+    ]
+
+
+def _shared_with(hook: Hook, target: Target, holder: Any, slot: Any, current: Any) -> Any:
+    """The true original of ``target``'s location where it shows ``current``, a replacement
+    another enabled hook made there that ``target`` would make too; else None."""
+    entry = target.key is not None
+    for patch in _holders_of(holder, slot, entry, current, but=hook):
+        try:
+            same = target.make(patch.original) is current
+        except Exception:  # a make that refuses: not shared, the target is patched as usual
+            same = False
+        if same:
+            return patch.original
+    return None
 
 
 def _apply_pending(trigger: str) -> None:
@@ -435,11 +471,13 @@ def disable(name: str) -> None:
     Only the patched locations are restored: what captured a replacement while the hook was
     on keeps it (modules already built, a class used as a default argument, a subclass defined
     then, a ``functools.partial``, ``from torch.nn import LayerNorm`` in a module imported
-    then)."""
+    then). A location another enabled hook also holds (the same replacement, e.g.
+    ``torch.optim.AdamW`` under both adam and adamw) keeps it until that hook is disabled."""
     with _lock:
         hook = _get(name)
         for patch in reversed(hook.applied):
-            if patch.current() is patch.replacement:
+            held = _holders_of(patch.holder, patch.slot, patch.entry, patch.replacement, hook)
+            if patch.current() is patch.replacement and not held:
                 patch.write(patch.original)
         hook.applied.clear()
         hook.unpatched.clear()

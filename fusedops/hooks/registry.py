@@ -1,7 +1,7 @@
 """The hooks registry: every hook by name (``FUSEDOPS_HOOKS`` names), its ``enable_*`` /
 ``disable_*`` functions, and the targets in torch itself and in user classes: LayerNorm,
-RMSNorm, Adam, AdamW, QuickGELU (user classes, ``nn.GELU``); swin, nms and dcn patch model
-libraries only.
+RMSNorm, Adam and AdamW (adam), AdamW (adamw), QuickGELU (user classes, ``nn.GELU``); swin,
+nms and dcn patch model libraries only.
 
 The libraries' own targets (transformers, timm, torchvision, mmcv, open_clip) live with the
 rest of fusedops' code for that library, in ``fusedops/integrations/<library>/hooks.py``, which
@@ -177,40 +177,48 @@ def disable_fused_rms_norm() -> None:
 
 # Adam / AdamW: torch.optim.Adam and torch.optim.AdamW in both places torch exposes them. The
 # fused classes subclass the originals, so isinstance checks and LR schedulers keep working.
+# The adam hook replaces both classes (TorchAcc's enable_fused_adam: "Adam/AdamW"); adamw
+# replaces AdamW alone. Both may be on: torch.optim.AdamW is then held by both and restored
+# when the last of them is disabled (fusedops.hooks.machinery).
 
-for _name, _module, _attr, _fused in (
-    ("adam", "torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam"),
-    ("adamw", "torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW"),
-):
-    register_hook(
-        Hook(
-            _name,
-            targets=lambda _module=_module, _attr=_attr, _fused=_fused, **_: [
-                Target(module, _attr, _replaced_by(_fused)) for module in ("torch.optim", _module)
-            ],
-        )
-    )
+_ADAM = ("torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam")
+_ADAMW = ("torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW")
+
+
+def _optimizer_targets(*classes: tuple[str, str, str]) -> Callable[..., list[Target]]:
+    """Targets replacing each (module, class, fused class) in torch.optim and its module."""
+    return lambda **_: [
+        Target(where, attr, _replaced_by(fused))
+        for module, attr, fused in classes
+        for where in ("torch.optim", module)
+    ]
+
+
+register_hook(Hook("adam", targets=_optimizer_targets(_ADAM, _ADAMW)))
+register_hook(Hook("adamw", targets=_optimizer_targets(_ADAMW)))
 
 
 def enable_fused_adam() -> None:
-    """Replace ``torch.optim.Adam`` (and ``torch.optim.adam.Adam``) by
-    ``fusedops.optim.FusedAdam``; before ``import torch``, on import."""
+    """Replace ``torch.optim.Adam`` and ``torch.optim.AdamW`` (and ``torch.optim.adam.Adam``,
+    ``torch.optim.adamw.AdamW``) by ``fusedops.optim.FusedAdam`` / ``FusedAdamW``; before
+    ``import torch``, on import. The ``adam`` hook (``FUSEDOPS_HOOKS=adam``)."""
     enable("adam")
 
 
 def disable_fused_adam() -> None:
-    """Restore ``torch.optim.Adam``."""
+    """Restore ``torch.optim.Adam`` and ``torch.optim.AdamW`` (AdamW stays fused while
+    ``enable_fused_adamw`` holds it)."""
     disable("adam")
 
 
 def enable_fused_adamw() -> None:
-    """Replace ``torch.optim.AdamW`` (and ``torch.optim.adamw.AdamW``) by
-    ``fusedops.optim.FusedAdamW``; before ``import torch``, on import."""
+    """Replace ``torch.optim.AdamW`` (and ``torch.optim.adamw.AdamW``) alone by
+    ``fusedops.optim.FusedAdamW``; before ``import torch``, on import. The ``adamw`` hook."""
     enable("adamw")
 
 
 def disable_fused_adamw() -> None:
-    """Restore ``torch.optim.AdamW``."""
+    """Restore ``torch.optim.AdamW`` (it stays fused while ``enable_fused_adam`` holds it)."""
     disable("adamw")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fusedops._lazy import lazy_module
 
 _ATTRIBUTES = {
-    "Prefetcher": "fusedops.io.prefetch",
+    "Prefetcher": "fusedops.io.prefetcher",
     "PackedDataset": "fusedops.io.packing",
     "collate_packs": "fusedops.io.packing",
 }

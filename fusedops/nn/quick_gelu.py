@@ -1,4 +1,6 @@
-"""QuickGELU modules: ``fusedops.nn.QuickGELU`` and the classes the quick_gelu hook swaps in."""
+"""QuickGELU modules: ``fusedops.nn.QuickGELU`` (also ``QuickGelu``, the seed runtime's
+spelling: ``from torchacc.runtime.nn.quick_gelu import QuickGelu`` ports as ``from
+fusedops.nn.quick_gelu import QuickGelu``) and the classes the quick_gelu hook swaps in."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from torch import nn
 from fusedops.nn import _fused_class
 from fusedops.ops.quick_gelu import quick_gelu
 
-__all__ = ["QuickGELU"]
+__all__ = ["QuickGELU", "QuickGelu"]
 
 
 def _fused_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -23,6 +25,10 @@ class QuickGELU(nn.Module):
 
     _fusedops_fused = True
     forward = _fused_forward
+
+
+#: The seed runtime's spelling of the same class.
+QuickGelu = QuickGELU
 
 
 class GELUAsQuickGELU(nn.GELU):

@@ -1,6 +1,8 @@
 """Runtime utilities for training loops: ``multi_apply_multi_stream`` (a per-level head over
-several CUDA streams) and ``auto_checkpoint`` (activation checkpointing of repeated blocks to a
-memory budget). Names load on first access; importing this package imports nothing heavy."""
+several CUDA streams; ``fusedops.utils.misc`` re-exports it under the seed runtime's path) and
+``auto_checkpoint`` (activation checkpointing of repeated blocks to a memory budget; the model
+is returned, ``checkpoint_plan(model)`` reads the plan, ``undo_checkpoint(model)`` restores it).
+Names load on first access; importing this package imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ _ATTRIBUTES = {
     "multi_apply_multi_stream": "fusedops.utils.multi_stream",
     "auto_checkpoint": "fusedops.utils.checkpoint",
     "CheckpointPlan": "fusedops.utils.checkpoint",
+    "checkpoint_plan": "fusedops.utils.checkpoint",
+    "undo_checkpoint": "fusedops.utils.checkpoint",
 }
 
 __all__ = sorted(_ATTRIBUTES)

@@ -1,5 +1,10 @@
 """``auto_checkpoint``: activation checkpointing of the fewest repeated blocks of a model that
-brings its saved activations under a memory budget, measured on the model's first forward."""
+brings its saved activations under a memory budget, measured on the model's first forward.
+
+``model = auto_checkpoint(model)`` (TorchAcc's ``torchacc.auto_checkpoint``) checkpoints the
+model in place and returns it; ``checkpoint_plan(model)`` is what was measured and wrapped (a
+``CheckpointPlan``), ``undo_checkpoint(model)`` restores the model's own forwards.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ from torch.utils.checkpoint import checkpoint
 from fusedops.utils._streams import tensors_in
 
 _OUTSIDE = "<outside blocks>"
+#: Where a checkpointed model keeps its plan (an instance attribute: copies and pickles of the
+#: model carry it along with the wrapped forwards; ``checkpoint_plan`` reads it).
+_PLAN = "_fusedops_checkpoint_plan"
 
 
 def _checkpointed_forward(self, *args, **kwargs):
@@ -78,7 +86,8 @@ class CheckpointPlan:
     (parameters excluded, each storage counted once); total: all saved bytes of the forward;
     savings: bytes checkpointing each block frees (its saved bytes minus the inputs the
     checkpoint keeps); wrapped: the checkpointed block names; expected_saving; budget (bytes).
-    ``report()`` says it in words; ``undo()`` restores the model.
+    ``report()`` says it in words; ``measure(*inputs)`` measures and wraps now; ``undo()``
+    restores the model (``undo_checkpoint(model)``). Read it with ``checkpoint_plan(model)``.
     """
 
     def __init__(self, model: nn.Module, memory_budget):
@@ -232,8 +241,10 @@ class CheckpointPlan:
         return self.report()
 
 
-def auto_checkpoint(model: nn.Module, memory_budget: float | int | None = None) -> CheckpointPlan:
-    """Checkpoint the fewest repeated blocks of ``model`` so its saved activations fit a budget.
+def auto_checkpoint(model: nn.Module, memory_budget: float | int | None = None) -> nn.Module:
+    """Checkpoint the fewest repeated blocks of ``model`` so its saved activations fit a budget;
+    returns ``model``, checkpointed in place (``model = fusedops.auto_checkpoint(model)``, as
+    TorchAcc's ``torchacc.auto_checkpoint``).
 
     Finds the repeated blocks (``find_blocks``), measures on the model's first forward with grad
     enabled the bytes each block saves for backward (``saved_tensors_hooks``), then wraps the
@@ -242,12 +253,14 @@ def auto_checkpoint(model: nn.Module, memory_budget: float | int | None = None) 
     losses and gradients are bit for bit those of the unchecked model (dropout included); the
     blocks are wrapped through an instance-level ``forward``, so module names, ``state_dict``
     keys and fusedops hooks are unchanged. The measuring forward runs eagerly: under
-    ``torch.compile`` / ``fusedops.xla.partial_trace``, run one step (or ``plan.measure(...)``)
-    before compiling.
+    ``torch.compile`` / ``fusedops.xla.partial_trace``, run one step (or
+    ``checkpoint_plan(model).measure(...)``) before compiling.
 
     memory_budget: a float in (0, 1], the fraction of the unchecked saved bytes to keep; an int
     >= 0, bytes; None: the device's free memory on CUDA, half the unchecked amount on CPU.
-    Returns the ``CheckpointPlan`` (``report()``, ``wrapped``, ``expected_saving``, ``undo()``).
+    ``checkpoint_plan(model)`` gives the ``CheckpointPlan`` (``report()``, ``wrapped``,
+    ``expected_saving``, ``measure(...)``); ``undo_checkpoint(model)`` restores the model.
+    Called again on the same model, the earlier plan is undone first and a new one made.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -264,4 +277,29 @@ def auto_checkpoint(model: nn.Module, memory_budget: float | int | None = None) 
             "memory_budget must be a float in (0, 1], an int of bytes or None, "
             f"got {type(memory_budget).__name__}"
         )
-    return CheckpointPlan(model, memory_budget)
+    if model.__dict__.get(_PLAN) is not None:
+        undo_checkpoint(model)
+    model.__dict__[_PLAN] = CheckpointPlan(model, memory_budget)
+    return model
+
+
+def checkpoint_plan(model: nn.Module) -> CheckpointPlan:
+    """The ``CheckpointPlan`` of a model ``auto_checkpoint`` checkpointed: what it found,
+    measured and wrapped (``report()``, ``wrapped``, ``expected_saving``...), and
+    ``measure(*inputs)`` to measure before compiling. ValueError for any other model."""
+    plan = model.__dict__.get(_PLAN) if isinstance(model, nn.Module) else None
+    if plan is None:
+        raise ValueError(
+            f"{type(model).__name__} was not checkpointed by fusedops.auto_checkpoint "
+            "(or undo_checkpoint restored it)"
+        )
+    return plan
+
+
+def undo_checkpoint(model: nn.Module) -> nn.Module:
+    """Restore a model ``auto_checkpoint`` checkpointed: its blocks' own forwards back, the
+    measuring hooks removed, the plan dropped; returns ``model``. ValueError for a model that
+    is not checkpointed."""
+    checkpoint_plan(model).undo()
+    del model.__dict__[_PLAN]
+    return model

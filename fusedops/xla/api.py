@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from fusedops.utils.wrapping import ModelWrapper
 from fusedops.xla.errors import XLATraceError
 
 BACKENDS = ("xla", "eager", "inductor")
@@ -51,6 +52,14 @@ def partial_trace(
     runs as; ``FUSEDOPS_XLA_CPU_PICK=0`` keeps XLA everywhere).
     Usable as ``@partial_trace`` or ``@partial_trace(backend=..., ...)``.
 
+    Returns, for a function, the compiled function (``.stats``: ``programs``, ``regions``,
+    ``picks``...); for a module, a module running it so (``"xla"`` and ``"inductor"``;
+    ``"eager"`` returns the module itself): a ``fusedops.utils.wrapping.ModelWrapper``, whose
+    ``state_dict()`` / ``load_state_dict()`` keys, ``parameters()``, buffers and
+    ``train()``/``eval()`` are the module's own (no ``module.`` or ``_orig_mod.`` prefix: a
+    checkpoint saved from it loads into the plain module and back), whose other attributes read
+    the module's, and whose ``.module`` is the module (``.stats``: what XLA compiled).
+
     Under ``torch.distributed``: wrap the traced module in ``DistributedDataParallel`` or
     ``fully_shard`` (FSDP2) as any module. Inside DDP each region is split at DDP's bucket
     boundaries, so DDP all-reduces a bucket as soon as its backward program hands its
@@ -67,7 +76,8 @@ def partial_trace(
     if backend == "eager":
         return fn
     if backend == "inductor":
-        return torch.compile(fn, dynamic=False, fullgraph=fullgraph)
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph)
+        return _CompiledModule(fn, compiled) if isinstance(fn, torch.nn.Module) else compiled
     from fusedops.xla.backend import Stats, make_backend
 
     stats = Stats()
@@ -123,12 +133,13 @@ def _ddp_buckets_too_small() -> bool:
     return ddp is not None and ddp.bucket_bytes_cap < torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 
-class _TracedModule(torch.nn.Module):
-    """A module whose calls go through ``partial_trace``; shares the wrapped module's state."""
+class _TracedModule(ModelWrapper):
+    """A module whose calls go through ``partial_trace``: a ``ModelWrapper``, so its
+    ``state_dict`` keys, parameters, buffers and train/eval are the wrapped module's own (no
+    ``module.`` prefix); ``module`` is the wrapped module, ``stats`` what was compiled."""
 
     def __init__(self, module: torch.nn.Module, run):
-        super().__init__()
-        self.module = module
+        super().__init__(module)
         self._run = run
         self.stats = run.stats
         self._checked_sharding = False
@@ -138,6 +149,20 @@ class _TracedModule(torch.nn.Module):
             self._checked_sharding = True
             _warn_inner_fsdp(self.module)
         return self._run(*args, **kwargs)
+
+
+class _CompiledModule(ModelWrapper):
+    """``partial_trace(module, backend="inductor")``: calls go through ``torch.compile``'s
+    module, whose own state_dict would prefix the keys with ``_orig_mod.``; this one keeps the
+    module's keys (``ModelWrapper``)."""
+
+    def __init__(self, module: torch.nn.Module, compiled: torch.nn.Module):
+        super().__init__(module)
+        # not a submodule: the submodule table is the wrapped module's
+        object.__setattr__(self, "_compiled", compiled)
+
+    def forward(self, *args, **kwargs):
+        return self.__dict__["_compiled"](*args, **kwargs)
 
 
 def _warn_inner_fsdp(module: torch.nn.Module) -> None:

@@ -88,7 +88,8 @@ class _Compiled:
 class XlaTrainStep:
     """A training step function compiled to one XLA program per input signature.
 
-    Call it as the function itself. ``stats.programs`` counts compiled programs.
+    Call it as the function itself. ``programs`` counts the steps compiled so far (one per
+    input signature).
     """
 
     def __init__(self, fn, *, capture_as_const: bool = False):
@@ -695,6 +696,10 @@ def xla_trace(step_fn=None, *, capture_as_const: bool = False):
     place as eager would. ``capture_as_const=True``
     bakes closed-over tensors in as constants (else they are read each call).
     Usable as ``@xla_trace`` or ``@xla_trace(capture_as_const=True)``.
+
+    ``xla_trace(step_fn)`` is an ``XlaTrainStep``, called as ``step_fn``; its ``programs``
+    attribute counts the steps compiled so far, one per input signature (``step.programs``;
+    partial_trace's count is ``.stats.programs``).
 
     A ``torch.amp.GradScaler`` passed as an argument (``scaler.scale(loss).backward()``,
     ``scaler.unscale_(opt)``, ``scaler.step(opt)``, ``scaler.update()``) runs inside the

@@ -280,3 +280,54 @@ def test_item_under_fullgraph_is_a_clear_error():
 
     with pytest.raises(XLATraceError, match="data-dependent|cannot capture"):
         partial_trace(fn, fullgraph=True)(random_tensor((4,)))
+
+
+def test_traced_module_has_the_models_state_dict_parameters_and_modes(tmp_path):
+    """partial_trace(model) is a ModelWrapper: the model's state_dict keys (no ``module.``;
+    saved from it, loaded into the plain model and back), its parameters (the same objects),
+    its attributes, train()/eval() reaching it, and the same outputs as eager in both modes."""
+    from fusedops.utils.wrapping import ModelWrapper
+
+    model = models.ConvBN()
+    model.label = "convbn"
+    ref = copy.deepcopy(model)
+    traced = partial_trace(model)
+    assert isinstance(traced, ModelWrapper) and traced.module is model
+    assert list(traced.state_dict()) == list(model.state_dict())
+    assert not any(key.startswith("module.") for key in traced.state_dict())
+    assert all(p is q for p, q in zip(traced.parameters(), model.parameters(), strict=True))
+    assert [n for n, _ in traced.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert traced.label == "convbn" and traced.bn1 is model.bn1
+    x = random_tensor((2, 3, 9, 9))
+    for mode in ("train", "eval"):
+        getattr(traced, mode)()
+        getattr(ref, mode)()
+        assert model.training == (mode == "train") == model.bn2.training
+        assert_close(traced(x), ref(x), dtype=torch.float32, scale=4.0, msg=mode)
+    assert traced.stats.programs >= 2  # train and eval each compiled
+    # the running statistics the traced train step wrote, saved from the traced module
+    path = tmp_path / "traced.pt"
+    torch.save(traced.state_dict(), path)
+    plain = models.ConvBN()
+    incompatible = plain.load_state_dict(torch.load(path))
+    assert not incompatible.missing_keys and not incompatible.unexpected_keys
+    for key, value in ref.state_dict().items():
+        got = plain.state_dict()[key]
+        if value.dtype == torch.int64:
+            assert torch.equal(got, value), key
+        else:
+            assert_close(got, value, dtype=torch.float32, scale=2.0, msg=key)
+    # and back: a plain model's checkpoint into a traced one
+    other = partial_trace(models.ConvBN())
+    other.load_state_dict(ref.state_dict())
+    for key, value in ref.state_dict().items():
+        assert torch.equal(other.state_dict()[key], value), key
+    assert_close(other.eval()(x), ref.eval()(x), dtype=torch.float32, scale=4.0, msg="loaded")
+    # inductor too: torch.compile's module would prefix the keys with _orig_mod.
+    # (torch.compile's first use imports torch.jit's deprecated parts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        compiled = partial_trace(models.ConvBN(), backend="inductor")
+    assert isinstance(compiled, ModelWrapper)
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert list(compiled.module._modules) == ["conv1", "bn1", "conv2", "bn2", "fc"]

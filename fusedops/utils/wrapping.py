@@ -3,9 +3,10 @@ model itself: its parameters, buffers, submodules and ``state_dict`` keys, witho
 ``module.`` prefix.
 
 This is the one implementation of that for fusedops' whole-model wrappers: the module
-``fusedops.xla.partial_trace(model)`` returns subclasses it, and ``fusedops.optimize(model)``
-is to subclass it too; a subclass defines ``forward`` (and whatever it keeps of its own) and
-nothing else. A checkpoint saved from the wrapper loads into the plain model and back.
+``fusedops.xla.partial_trace(model)`` returns subclasses it; a subclass defines ``forward``
+(and whatever it keeps of its own) and nothing else. (``fusedops.optimize(model)`` needs no
+wrapper: it returns the model itself, its ``forward`` replaced on the instance.) A checkpoint
+saved from the wrapper loads into the plain model and back.
 """
 
 from __future__ import annotations

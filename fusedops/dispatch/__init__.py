@@ -458,7 +458,6 @@ def pick(name: str, *tensors: torch.Tensor, backend: str | None = None) -> str:
     return chosen
 
 
-
 @contextlib.contextmanager
 def observing() -> Iterator[list]:
     """Record the dispatch of each fused op called in the block: yields a list that gets

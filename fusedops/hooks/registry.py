@@ -1,6 +1,6 @@
 """The hooks registry: every hook by name (``FUSEDOPS_HOOKS`` names), its ``enable_*`` /
 ``disable_*`` functions, and the targets in torch itself and in user classes: LayerNorm,
-RMSNorm, Adam, AdamW, QuickGELU (user classes, ``nn.GELU``); swin, nms and dcn patch model
+RMSNorm, Adam, AdamW, SGD, QuickGELU (user classes, ``nn.GELU``); swin, nms and dcn patch model
 libraries only.
 
 The libraries' own targets (transformers, timm, torchvision, mmcv, open_clip) live with the
@@ -34,6 +34,7 @@ __all__ = [
     "disable_fused_layer_norm",
     "disable_fused_nms",
     "disable_fused_rms_norm",
+    "disable_fused_sgd",
     "disable_fused_swin",
     "disable_quick_gelu",
     "enable_fused_adam",
@@ -42,6 +43,7 @@ __all__ = [
     "enable_fused_layer_norm",
     "enable_fused_nms",
     "enable_fused_rms_norm",
+    "enable_fused_sgd",
     "enable_fused_swin",
     "enable_quick_gelu",
 ]
@@ -175,12 +177,14 @@ def disable_fused_rms_norm() -> None:
     disable("rms_norm")
 
 
-# Adam / AdamW: torch.optim.Adam and torch.optim.AdamW in both places torch exposes them. The
-# fused classes subclass the originals, so isinstance checks and LR schedulers keep working.
+# Adam / AdamW / SGD: torch.optim.Adam, torch.optim.AdamW and torch.optim.SGD in both places
+# torch exposes them. The fused classes subclass the originals, so isinstance checks and LR
+# schedulers keep working.
 
 for _name, _module, _attr, _fused in (
     ("adam", "torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam"),
     ("adamw", "torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW"),
+    ("sgd", "torch.optim.sgd", "SGD", "fusedops.optim.sgd:FusedSGD"),
 ):
     register_hook(
         Hook(
@@ -212,6 +216,17 @@ def enable_fused_adamw() -> None:
 def disable_fused_adamw() -> None:
     """Restore ``torch.optim.AdamW``."""
     disable("adamw")
+
+
+def enable_fused_sgd() -> None:
+    """Replace ``torch.optim.SGD`` (and ``torch.optim.sgd.SGD``) by
+    ``fusedops.optim.FusedSGD``; before ``import torch``, on import."""
+    enable("sgd")
+
+
+def disable_fused_sgd() -> None:
+    """Restore ``torch.optim.SGD``."""
+    disable("sgd")
 
 
 # Swin: the model libraries' Swin layers and attentions (transformers, timm: contributed by

@@ -1,9 +1,10 @@
-"""Fused optimizers (FusedAdam, FusedAdamW, FusedSGD) and their sync-free names.
+"""Fused optimizers (FusedAdam, FusedAdamW, FusedSGD), their sync-free names and the swap.
 
 ``fusedops.optim.FusedAdam`` / ``FusedAdamW`` / ``FusedSGD`` subclass ``torch.optim.Adam`` /
 ``AdamW`` / ``SGD`` (same constructor and state_dict) and update all params of a (device,
 dtype) group in one kernel launch. ``fusedops.optim.syncfree`` names them ``Adam``, ``AdamW``
-and ``SGD``. Loaded on first access.
+and ``SGD``; ``fuse_optimizer(optimizer)`` turns a torch Adam/AdamW/SGD instance into the fused
+class in place. Loaded on first access.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ _ATTRIBUTES = {
     "FusedAdam": "fusedops.optim.adam",
     "FusedAdamW": "fusedops.optim.adam",
     "FusedSGD": "fusedops.optim.sgd",
+    "fuse_optimizer": "fusedops.optim.swap",
+    "unfusable_reason": "fusedops.optim.swap",
 }
 _SUBMODULES = ("syncfree",)
 

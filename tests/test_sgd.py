@@ -917,6 +917,7 @@ def test_hook_replaces_torch_sgd_and_restores():
 
 
 @pytest.mark.usefixtures("restore_hooks")
+@pytest.mark.filterwarnings("ignore:fusedops hook")  # other hooks' notes on classes they skip
 def test_fusedops_hooks_all_includes_sgd():
     assert "sgd" in hooks.enable_from_spec("all")
     assert torch.optim.SGD is FusedSGD

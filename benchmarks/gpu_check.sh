@@ -126,6 +126,7 @@ brief_seconds() {
     xla) echo 90 ;;
     swin) echo 80 ;;
     layer_norm | window_attention) echo 50 ;;
+    sgd) echo 25 ;; # one list (the 1.1B one), bf16, four providers
     cpu_fallback) echo 0 ;;
     *) echo 35 ;;
     esac
@@ -360,7 +361,7 @@ stage_sanitizer() {
     run mkdir -p "$SCRATCH/sanitizer"
     # bias_dropout_add first (half the time), then the other CUDA kernels' tests in one process
     # (memcheck's start-up and torch's import under it cost tens of seconds each time)
-    local others=(window_process swin_softmax window_attention nms quick_gelu layer_norm adam)
+    local others=(window_process swin_softmax window_attention nms quick_gelu layer_norm adam sgd)
     local part seconds files select=(-k cuda)
     big_memory_registered && select+=(-m "not big_memory")
     for part in bias_dropout_add other_kernels; do

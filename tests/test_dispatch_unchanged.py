@@ -48,10 +48,27 @@ def _recorded() -> dict:
     return json.loads(gzip.decompress(RECORDED.read_bytes()))
 
 
+#: An op of d35f0b7 with kernels of both families: an op registered since (no recorded row)
+#: must be available as it is.
+TEMPLATE_OP = "quick_gelu"
+
+
+def _recorded_ops_only(availability: dict, recorded: dict) -> dict:
+    """``availability()`` (op -> backend -> state) restricted to the ops the recorded table
+    has; an op registered since d35f0b7 has no recorded row, and must read as TEMPLATE_OP does
+    (checked here)."""
+    for op, row in availability.items():
+        if op not in recorded:
+            assert row == availability[TEMPLATE_OP], (op, row)
+    return {op: row for op, row in availability.items() if op in recorded}
+
+
 def test_every_answer_is_the_recorded_one(monkeypatch):
     monkeypatch.setattr(dispatch, "_warned_unverified", set())
     now = json.loads(json.dumps(observe(_Controls(monkeypatch)), sort_keys=True))
     before = _recorded()
+    availability = "availability, build failed"
+    now[availability] = _recorded_ops_only(now[availability], before[availability])
     assert now.keys() == before.keys()
     differ = [
         (switches, case, before[switches].get(case), answers)
@@ -89,4 +106,4 @@ def test_availability_matches(monkeypatch, failed):
         for row in expected.values():
             if row["cuda"] == FAILED:
                 row["cuda"] = "available"
-    assert dispatch.availability() == expected
+    assert _recorded_ops_only(dispatch.availability(), expected) == expected

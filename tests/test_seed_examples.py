@@ -522,11 +522,6 @@ def check_auto_checkpoint(monkeypatch):
 
 
 def check_syncfree(monkeypatch):
-    if importlib.util.find_spec("fusedops.optim.syncfree") is None:
-        pytest.skip(
-            "lands with FusedSGD: fusedops.optim.syncfree (syncfree.Adam, AdamW, SGD) is being "
-            "added in parallel; this block runs once it exists"
-        )
     model = nn.Linear(6, 3)
     namespace = run_block("syncfree", {"model": model})
     for name, torch_class in (("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),

@@ -1,7 +1,7 @@
 """The hooks registry: every hook by name (``FUSEDOPS_HOOKS`` names), its ``enable_*`` /
 ``disable_*`` functions, and the targets in torch itself and in user classes: LayerNorm,
-RMSNorm, Adam and AdamW (adam), AdamW (adamw), QuickGELU (user classes, ``nn.GELU``); swin,
-nms and dcn patch model libraries only.
+RMSNorm, Adam and AdamW (adam), AdamW (adamw), SGD (sgd), QuickGELU (user classes,
+``nn.GELU``); swin, nms and dcn patch model libraries only.
 
 The libraries' own targets (transformers, timm, torchvision, mmcv, open_clip) live with the
 rest of fusedops' code for that library, in ``fusedops/integrations/<library>/hooks.py``, which
@@ -34,6 +34,7 @@ __all__ = [
     "disable_fused_layer_norm",
     "disable_fused_nms",
     "disable_fused_rms_norm",
+    "disable_fused_sgd",
     "disable_fused_swin",
     "disable_quick_gelu",
     "enable_fused_adam",
@@ -42,6 +43,7 @@ __all__ = [
     "enable_fused_layer_norm",
     "enable_fused_nms",
     "enable_fused_rms_norm",
+    "enable_fused_sgd",
     "enable_fused_swin",
     "enable_quick_gelu",
 ]
@@ -175,7 +177,7 @@ def disable_fused_rms_norm() -> None:
     disable("rms_norm")
 
 
-# Adam / AdamW: torch.optim.Adam and torch.optim.AdamW in both places torch exposes them. The
+# Adam / AdamW / SGD: torch.optim.Adam, AdamW and SGD in both places torch exposes them. The
 # fused classes subclass the originals, so isinstance checks and LR schedulers keep working.
 # The adam hook replaces both classes (TorchAcc's enable_fused_adam: "Adam/AdamW"); adamw
 # replaces AdamW alone. Both may be on: torch.optim.AdamW is then held by both and restored
@@ -183,6 +185,7 @@ def disable_fused_rms_norm() -> None:
 
 _ADAM = ("torch.optim.adam", "Adam", "fusedops.optim.adam:FusedAdam")
 _ADAMW = ("torch.optim.adamw", "AdamW", "fusedops.optim.adam:FusedAdamW")
+_SGD = ("torch.optim.sgd", "SGD", "fusedops.optim.sgd:FusedSGD")
 
 
 def _optimizer_targets(*classes: tuple[str, str, str]) -> Callable[..., list[Target]]:
@@ -196,6 +199,7 @@ def _optimizer_targets(*classes: tuple[str, str, str]) -> Callable[..., list[Tar
 
 register_hook(Hook("adam", targets=_optimizer_targets(_ADAM, _ADAMW)))
 register_hook(Hook("adamw", targets=_optimizer_targets(_ADAMW)))
+register_hook(Hook("sgd", targets=_optimizer_targets(_SGD)))
 
 
 def enable_fused_adam() -> None:
@@ -220,6 +224,17 @@ def enable_fused_adamw() -> None:
 def disable_fused_adamw() -> None:
     """Restore ``torch.optim.AdamW`` (it stays fused while ``enable_fused_adam`` holds it)."""
     disable("adamw")
+
+
+def enable_fused_sgd() -> None:
+    """Replace ``torch.optim.SGD`` (and ``torch.optim.sgd.SGD``) by
+    ``fusedops.optim.FusedSGD``; before ``import torch``, on import."""
+    enable("sgd")
+
+
+def disable_fused_sgd() -> None:
+    """Restore ``torch.optim.SGD``."""
+    disable("sgd")
 
 
 # Swin: the model libraries' Swin layers and attentions (transformers, timm: contributed by

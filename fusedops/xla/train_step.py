@@ -130,7 +130,7 @@ class XlaTrainStep:
                         )
                     if not p.requires_grad:
                         continue
-                    stateless = name == "SGD" and group["momentum"] == 0  # torch keeps none
+                    stateless = optim_math.stateless(name, group, p)  # keeps none
                     state = {} if stateless else opt.state[p]
                     optim_math.init_state(name, group, p, state, opt)
                     slots.append((oi, gi, index[id(p)], optim_math.state_names(name, group, state)))
@@ -690,7 +690,7 @@ def xla_trace(step_fn=None, *, capture_as_const: bool = False):
 
     ``step_fn(*args, **kwargs)`` is written as in eager (forward, ``loss.backward()``,
     ``opt.step()``, ``opt.zero_grad()``) with its ``nn.Module``s and optimizers (torch.optim's
-    SGD, Adam, AdamW; fusedops.optim.FusedAdam, FusedAdamW) passed as arguments. Tensor
+    SGD, Adam, AdamW; fusedops.optim.FusedAdam, FusedAdamW, FusedSGD) passed as arguments. Tensor
     arguments may have any shape/dtype; each new signature compiles a new program. Returns
     what ``step_fn`` returns. Parameters, buffers, gradients and optimizer state are updated in
     place as eager would. ``capture_as_const=True``

@@ -498,3 +498,26 @@ def test_each_fused_module_runs_on_the_backend_its_trial_picks(clock, monkeypatc
         norm(x)
         assert fusedops.dispatch.last_used["layer_norm"] == "fastln"
     backends.forget()
+
+
+def test_the_optimizer_is_swapped_in_place(clock, caplog):
+    """optimizer=: torch's SGD becomes FusedSGD, the same object with its groups and state (an
+    LR scheduler built before keeps working); an optimizer without a fused class is left as it
+    is, with a log line."""
+    model = _net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    groups = optimizer.param_groups
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        fusedops.optimize(model, optimizer=optimizer, candidates=[])
+    assert type(optimizer) is fusedops.optim.FusedSGD and optimizer.param_groups is groups
+    assert "optimizer SGD -> FusedSGD" in caplog.text
+    _step(model, _x())  # the step's gradients are cleared: take them again
+    model(_x()).square().mean().backward()
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == 0.05
+    other = torch.optim.RMSprop(_net().parameters())
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        fusedops.optimize(_net(), optimizer=other, candidates=[])
+    assert type(other) is torch.optim.RMSprop and "RMSprop left as it is" in caplog.text

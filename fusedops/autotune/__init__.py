@@ -156,15 +156,16 @@ def _builders() -> dict:
 
 
 def _fuse_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    from fusedops.optim import fuse_optimizer
+    from fusedops.optim import fuse_optimizer, unfusable_reason
 
     before = type(optimizer).__qualname__
+    why = unfusable_reason(optimizer)
     fuse_optimizer(optimizer)
     after = type(optimizer).__qualname__
     if after != before:
         log.info("fusedops.optimize: optimizer %s -> %s (in place)", before, after)
     else:
-        log.info("fusedops.optimize: optimizer %s left as it is (no fused class)", before)
+        log.info("fusedops.optimize: optimizer %s left as it is: %s", before, why)
 
 
 def _region(model: torch.nn.Module) -> Region:

@@ -148,9 +148,15 @@ def test_bad_arguments_are_named(clock, monkeypatch):
         fusedops.optimize(_net(), max_signatures=0)
     from fusedops import autotune
 
-    monkeypatch.setattr(autotune, "_fsdp2", lambda model: True)
+    unsharded = autotune.region_fsdp2
+    monkeypatch.setattr(autotune, "region_fsdp2", lambda model: True)
     with pytest.raises(ValueError, match="FSDP2"):
         fusedops.optimize(_net())
+    monkeypatch.setattr(autotune, "region_fsdp2", unsharded)
+    model = fusedops.optimize(_net(), candidates=[])  # fully_shard after optimize: refused
+    monkeypatch.setattr(region, "_fsdp2", lambda module: True)  # at the first call
+    with pytest.raises(ValueError, match="whether fully_shard comes before or after"):
+        model(_x())
     with pytest.raises(ValueError, match="was not optimized"):
         fusedops.optimize_report(_net())
 

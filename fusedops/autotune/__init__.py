@@ -34,12 +34,19 @@ import torch
 
 from fusedops.autotune import candidates as _candidates
 from fusedops.autotune.region import MARGIN, MAX_SIGNATURES, Region
+from fusedops.autotune.region import _fsdp2 as region_fsdp2
 
 __all__ = ["optimize", "optimize_report", "restore"]
 
 log = logging.getLogger(__name__)
 
 _REGION = "_fusedops_region"
+#: Why an FSDP2 model is refused (by optimize, or at the first call where fully_shard came after).
+FSDP2_REFUSED = (
+    "optimize: this model is sharded by FSDP2 (fully_shard), which optimize does not time, "
+    "whether fully_shard comes before or after it; use fusedops.hooks / "
+    "fusedops.replace_modules and fusedops.optim's optimizers on it instead"
+)
 
 
 def _target(model: torch.nn.Module) -> torch.nn.Module:
@@ -48,14 +55,6 @@ def _target(model: torch.nn.Module) -> torch.nn.Module:
     outputs)."""
     ddp = torch.nn.parallel.DistributedDataParallel
     return model.module if isinstance(model, ddp) else model
-
-
-def _fsdp2(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return False
-    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def optimize(
@@ -114,12 +113,8 @@ def optimize(
         or (max_signatures < 1)
     ):
         raise ValueError(f"optimize: max_signatures must be an int >= 1, got {max_signatures!r}")
-    if _fsdp2(model):
-        raise ValueError(
-            "optimize: this model is sharded by FSDP2 (fully_shard), which optimize does not "
-            "time yet; use fusedops.hooks / fusedops.replace_modules and fusedops.optim's "
-            "optimizers on it instead"
-        )
+    if region_fsdp2(model):
+        raise ValueError(FSDP2_REFUSED)
     target = _target(model)
     if _REGION in target.__dict__:
         warnings.warn(

@@ -119,6 +119,15 @@ def _union(values: set) -> set:
     return {v for found in gathered for v in found}
 
 
+def _fsdp2(module: torch.nn.Module) -> bool:
+    """Whether ``fully_shard`` (FSDP2) was applied to the module or a submodule."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
 def _rank0() -> bool:
     return not _several_ranks() or torch.distributed.get_rank() == 0
 
@@ -229,6 +238,10 @@ class Region:
             decided = Decision(last.pick, source="signature bound", signature=key)
         elif not cache.timing_enabled():
             decided = Decision("eager", source="autotune off", signature=key)
+        elif _fsdp2(self.module):
+            from fusedops.autotune import FSDP2_REFUSED
+
+            raise ValueError(FSDP2_REFUSED)
         else:
             decided = self._cached_or_timed(key, args, kwargs)
         self.decisions[key] = decided

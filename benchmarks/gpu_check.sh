@@ -120,14 +120,15 @@ limited() {
 stage_left() { echo $((STAGE_SECONDS - ($(date +%s) - STAGE_START))); }
 
 # Per-script limit of bench-brief (seconds): together under call 2's 590 (tests/test_gpu_check.py
-# adds them up); 0: not a GPU benchmark (bench_cpu_fallback measures the CPU fallback).
+# adds them up); 0: not in the brief (bench_cpu_fallback measures the CPU fallback; bench_models
+# compiles whole models, its --quick alone takes a call: its own stage, bench-models).
 brief_seconds() {
     case "$1" in
     xla) echo 90 ;;
     swin) echo 80 ;;
     layer_norm | window_attention) echo 50 ;;
     sgd) echo 25 ;; # one list (the 1.1B one), bf16, four providers
-    cpu_fallback) echo 0 ;;
+    cpu_fallback | models) echo 0 ;;
     *) echo 35 ;;
     esac
 }

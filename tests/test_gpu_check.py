@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 VERIFIED_FILE = ROOT / "fusedops" / "kernels" / "verified.json"  # record_verified.py's base
 BENCHES = [
-    p for p in sorted((ROOT / "benchmarks").glob("bench_*.py")) if p.stem != "bench_cpu_fallback"
-]  # CPU-only: not in the GPU brief
+    p
+    for p in sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    if p.stem not in ("bench_cpu_fallback", "bench_models")
+]  # CPU-only, and whole models (a stage of their own): not in the GPU brief
 #: What the device tool brings back: at most this many files from $OUT.
 MAX_FILES = 8
 

@@ -190,3 +190,15 @@ def test_the_checks_find_planted_mistakes():
         "docs/ops.md#no-such-heading",
         "benchmarks/plots/none.png",
     ], found
+
+
+def test_docs_index_links_every_docs_page():
+    index = DOCS / "README.md"
+    linked = {
+        (DOCS / m.group(1).partition("#")[0]).resolve()
+        for m in LINK.finditer(index.read_text())
+        if not re.match(r"[a-z][a-z0-9+.-]*:", m.group(1))
+    }
+    pages = {path.resolve() for path in DOCS.glob("*.md")} - {index.resolve()}
+    assert pages <= linked, f"docs pages docs/README.md does not link: {sorted(pages - linked)}"
+    assert not broken_links(index.read_text(), index)

@@ -20,7 +20,7 @@ against a random cotangent, for every float input). It says, per OpInfo:
   different torch seeds disagree: random ops, uninitialised memory), ``no-samples``.
 
 ``tests/xla/test_opinfo.py`` runs it for the OpInfos of lowered ops; ``benchmarks/
-opinfo_coverage.py`` for all of op_db (the coverage table in the README).
+opinfo_coverage.py`` for all of op_db (the coverage figures in docs/xla.md).
 """
 
 from __future__ import annotations

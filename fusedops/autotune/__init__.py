@@ -33,7 +33,7 @@ from collections.abc import Iterable
 import torch
 
 from fusedops.autotune import candidates as _candidates
-from fusedops.autotune.region import MARGIN, MAX_SIGNATURES, Region
+from fusedops.autotune.region import FSDP2_REFUSED, MARGIN, MAX_SIGNATURES, Region
 from fusedops.autotune.region import _fsdp2 as region_fsdp2
 
 __all__ = ["optimize", "optimize_report", "restore"]
@@ -41,12 +41,6 @@ __all__ = ["optimize", "optimize_report", "restore"]
 log = logging.getLogger(__name__)
 
 _REGION = "_fusedops_region"
-#: Why an FSDP2 model is refused (by optimize, or at the first call where fully_shard came after).
-FSDP2_REFUSED = (
-    "optimize: this model is sharded by FSDP2 (fully_shard), which optimize does not time, "
-    "whether fully_shard comes before or after it; use fusedops.hooks / "
-    "fusedops.replace_modules and fusedops.optim's optimizers on it instead"
-)
 
 
 def _target(model: torch.nn.Module) -> torch.nn.Module:

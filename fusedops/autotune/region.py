@@ -39,6 +39,13 @@ COMPILE_BUDGET_S = 600.0
 #: Signatures a region times; later new signatures run the last decision's pick.
 MAX_SIGNATURES = 8
 
+#: Why an FSDP2 model is refused (by optimize, or at the first call where fully_shard came after).
+FSDP2_REFUSED = (
+    "optimize: this model is sharded by FSDP2 (fully_shard), which optimize does not time, "
+    "whether fully_shard comes before or after it; use fusedops.hooks / "
+    "fusedops.replace_modules and fusedops.optim's optimizers on it instead"
+)
+
 #: Seconds spent compiling in this process (all regions).
 _compile_seconds = 0.0
 
@@ -239,8 +246,6 @@ class Region:
         elif not cache.timing_enabled():
             decided = Decision("eager", source="autotune off", signature=key)
         elif _fsdp2(self.module):
-            from fusedops.autotune import FSDP2_REFUSED
-
             raise ValueError(FSDP2_REFUSED)
         else:
             decided = self._cached_or_timed(key, args, kwargs)

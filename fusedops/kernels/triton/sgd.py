@@ -24,7 +24,6 @@ the caching allocator hands gradients the same blocks each step).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -33,6 +32,13 @@ import triton.language as tl
 
 from fusedops._env import triton_interpreter
 from fusedops.kernels.shared.sgd import step_arguments
+from fusedops.kernels.triton import _multi_tensor
+from fusedops.kernels.triton._multi_tensor import (
+    Tables,
+    _round,
+    _table_pointer,
+    plan_tables,  # noqa: F401  (its tests ask here)
+)
 
 #: Elements per chunk (one program) and per inner iteration.
 CHUNK = 65536
@@ -48,18 +54,6 @@ _ADDRESS_ROWS = 5  # param, grad, momentum_buffer, master, first
 _ROWS = _ADDRESS_ROWS + 1  # + the size row
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr, EMULATE_RTNE: tl.constexpr):
-    """x (fp32) rounded to ``dtype`` to nearest even. The CPU interpreter truncates fp32 -> bf16
-    casts (a GPU rounds to nearest even), so there the rounding is done on the bits first and
-    the cast then only drops zero bits."""
-    if EMULATE_RTNE and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        x = (bits & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -97,16 +91,6 @@ def _sgd_block(
     if HAS_MASTER:
         tl.store(master_ptr + offsets, p, mask=mask)
     tl.store(param_ptr + offsets, _round(p, PARAM_DTYPE, EMULATE_RTNE), mask=mask)
-
-
-@triton.jit
-def _table_pointer(table_ptr, row, n_slots, slot, DTYPE: tl.constexpr, ALIGNED: tl.constexpr):
-    """The address in ``row`` of the table for ``slot``, as a pointer to DTYPE; ALIGNED: the
-    launcher checked that every address is a multiple of 16 bytes (lets loads vectorise)."""
-    pointer = tl.load(table_ptr + row * n_slots + slot).to(tl.pointer_type(DTYPE))
-    if ALIGNED:
-        pointer = tl.multiple_of(pointer, 16)
-    return pointer
 
 
 @triton.jit
@@ -180,73 +164,19 @@ def _sgd_kernel(
         )  # fmt: skip
 
 
-def plan_tables(
-    sizes: torch.Tensor, chunk: int, max_tensors: int, max_chunks: int
-) -> list[tuple[int, int, int, int]]:
-    """Split the chunks of tensors with ``sizes`` (int64, every size > 0) into tables.
-
-    Returns one (first_tensor, last_tensor_exclusive, first_chunk, last_chunk_exclusive) per
-    table, chunks numbered over all tensors in order; each table has at most ``max_tensors``
-    tensors and ``max_chunks`` chunks.
-    """
-    counts = (sizes + chunk - 1) // chunk
-    ends = torch.cumsum(counts, 0)  # chunk index one past each tensor's last chunk
-    total = int(ends[-1])
-    tables = []
-    start = 0
-    while start < total:
-        first = int(torch.searchsorted(ends, start, right=True))
-        stop = min(start + max_chunks, total)
-        if first + max_tensors < len(sizes):
-            stop = min(stop, int(ends[first + max_tensors - 1]))
-        last = int(torch.searchsorted(ends, stop - 1, right=True)) + 1
-        tables.append((first, last, start, stop))
-        start = stop
-    return tables
-
-
 def build_tables(
     lists: list[list[torch.Tensor]], chunk: int, max_tensors: int, max_chunks: int
-) -> list[tuple[torch.Tensor, int, int, bool]]:
-    """The launch tables for the five lists (params, grads, momentum_buffers, masters, firsts;
-    empty lists for unused ones), on the params' device: one (table, n_slots, n_chunks,
-    aligned) per launch, the int64 layout of the module docstring; aligned: every array address
-    of the table (not the flags') is a multiple of 16 bytes."""
-    params = lists[0]
-    n = len(params)
-    addresses = torch.zeros((_ADDRESS_ROWS, n), dtype=torch.int64)
-    for row, tensors in enumerate(lists):
-        if tensors:
-            addresses[row] = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
-    sizes = torch.tensor([p.numel() for p in params], dtype=torch.int64)
-    counts = (sizes + chunk - 1) // chunk
-    chunk_tensor = torch.repeat_interleave(torch.arange(n), counts)
-    chunk_index = torch.arange(int(counts.sum())) - torch.repeat_interleave(
-        torch.cumsum(counts, 0) - counts, counts
+) -> Tables:
+    """The launch tables for the lists (params, grads, momentum_buffers, masters, firsts;
+    empty lists for unused ones), on the params' device (``_multi_tensor.build_tables``; the
+    layout of the module docstring; aligned: the array addresses, not the flags')."""
+    return _multi_tensor.build_tables(
+        lists, chunk, max_tensors, max_chunks, address_rows=_ADDRESS_ROWS, aligned_rows=4
     )
-    host = []
-    for first, last, start, stop in plan_tables(sizes, chunk, max_tensors, max_chunks):
-        table = torch.cat(
-            [
-                addresses[:, first:last].reshape(-1),
-                sizes[first:last],
-                chunk_tensor[start:stop] - first,
-                chunk_index[start:stop],
-            ]
-        )
-        aligned = bool((addresses[:4, first:last] % 16 == 0).all())
-        host.append((table, last - first, stop - start, aligned))
-    flat = torch.cat([entry[0] for entry in host]).to(params[0].device, non_blocking=True)
-    tables, offset = [], 0
-    for table, n_slots, n_chunks, aligned in host:
-        tables.append((flat[offset : offset + table.numel()], n_slots, n_chunks, aligned))
-        offset += table.numel()
-    return tables
 
 
-_cache_lock = threading.Lock()
-_cache: dict[tuple, list[tuple[torch.Tensor, int, int, bool]]] = {}
-_CACHE_ENTRIES = 64
+_tables_cache = _multi_tensor.TableCache()
+
 
 _LIST_NAMES = ("params", "grads", "momentum_buffers", "masters")
 
@@ -287,19 +217,12 @@ def check_lists(lists: list[list[torch.Tensor]], has_momentum: bool) -> None:
 def _tables(lists, chunk, max_tensors, max_chunks, has_momentum):
     """The launch tables for ``lists`` (cached by their addresses and sizes; the lists are
     checked on a cache miss)."""
-    addresses = tuple(tuple(map(torch.Tensor.data_ptr, tensors)) for tensors in lists)
-    sizes = tuple(map(torch.Tensor.numel, lists[0]))
-    key = (chunk, max_tensors, max_chunks, has_momentum, sizes, addresses)
-    with _cache_lock:
-        tables = _cache.get(key)
-    if tables is None:  # first call with these tensors: check them once
-        check_lists(lists, has_momentum)
-        tables = build_tables(lists, chunk, max_tensors, max_chunks)
-        with _cache_lock:
-            if len(_cache) >= _CACHE_ENTRIES:
-                _cache.pop(next(iter(_cache)))
-            _cache[key] = tables
-    return tables
+    return _tables_cache.get(
+        lists,
+        (chunk, max_tensors, max_chunks, has_momentum),
+        lambda: check_lists(lists, has_momentum),
+        lambda: build_tables(lists, chunk, max_tensors, max_chunks),
+    )
 
 
 def step(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 import warnings
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 import fusedops
-from fusedops.autotune import cache, candidates, region, trial
+from fusedops.autotune import cache, candidates, measure, region, trial
 from fusedops.testing import assert_close, device_under_test, random_tensor, run_gloo
 
 DEVICE = device_under_test()
@@ -50,17 +51,21 @@ class Net(nn.Module):
 
 
 def _stand_in(name: str, cost: float, clock: Clock, *, wrong: bool = False, fail: bool = False,
-              compiles: bool = False, calls: list | None = None):  # fmt: skip
-    """A builder of a candidate running the model's own forward at ``cost`` seconds a run;
-    ``wrong``: its outputs off by 1%; ``fail``: it raises."""
+              compiles: bool = False, calls: list | None = None,
+              first_costs: tuple = ()):  # fmt: skip
+    """A builder of a candidate running the model's own forward at ``cost`` seconds a run
+    (its first runs at ``first_costs``: a compile, a warm-up); ``wrong``: its outputs off by
+    1%; ``fail``: it raises."""
 
     def build(module, forward):
+        costs = list(first_costs)
+
         def run(*args, **kwargs):
             if calls is not None:
                 calls.append(name)
             if fail:
                 raise RuntimeError(f"{name} cannot run this")
-            clock.now += cost
+            clock.now += costs.pop(0) if costs else cost
             out = forward(*args, **kwargs)
             return out * 1.01 if wrong else out
 
@@ -71,9 +76,13 @@ def _stand_in(name: str, cost: float, clock: Clock, *, wrong: bool = False, fail
 
 @pytest.fixture
 def clock(monkeypatch, tmp_path):
-    """The stand-in clock, the eager candidate costing 10 s a run, a fresh cache directory."""
+    """The stand-in clock, the eager candidate costing 10 s a run, a fresh cache directory;
+    host and device time are the wall time (the CPU's rule; CUDA's is tested on its own)."""
     fake = Clock()
     monkeypatch.setattr(trial, "clock", fake)
+    monkeypatch.setattr(measure, "split", lambda run, wall, cuda, clock: (wall, wall))
+    monkeypatch.setattr(region, "_compile_measured", {})
+    monkeypatch.setattr(region, "_compile_seconds", 0.0)
     monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(cache.ENV_SWITCH, raising=False)
     cache.forget_memory()
@@ -146,6 +155,9 @@ def test_bad_arguments_are_named(clock, monkeypatch):
             fusedops.optimize(_net(), margin=margin)
     with pytest.raises(ValueError, match="max_signatures must be an int >= 1"):
         fusedops.optimize(_net(), max_signatures=0)
+    for steps in (0, 2.5, True):
+        with pytest.raises(ValueError, match="steps must be None or an int >= 1"):
+            fusedops.optimize(_net(), steps=steps)
     from fusedops import autotune
 
     unsharded = autotune.region_fsdp2
@@ -212,6 +224,18 @@ def test_the_fastest_matching_candidate_is_picked(clock, monkeypatch, caplog):
     assert "-> fast" in text and "wrong dropped: differs" in text and "broken dropped" in text
     report = fusedops.optimize_report(model)
     assert "fast" in report.splitlines()[0] and "timed" in report.splitlines()[2]
+
+
+def test_index_outputs_compare_exactly():
+    """Integer outputs (NMS's kept indices) must be equal: two picks swapped is a mismatch."""
+    values = random_tensor((5,), torch.float32, DEVICE)
+    keep = torch.tensor([3, 0, 2], device=DEVICE)
+    reference = trial.Result(1.0, [values, keep], [])
+    assert trial.mismatch(reference, trial.Result(1.0, [values.clone(), keep.clone()], [])) is None
+    swapped = trial.Result(1.0, [values, keep[[1, 0, 2]]], [])
+    assert trial.mismatch(reference, swapped) == (
+        "output 1: torch.int64 values differ (compared exactly)"
+    )
 
 
 def test_the_margin_keeps_the_models_own_code(clock, monkeypatch):
@@ -393,6 +417,19 @@ def _ranks(rank: int, world: int, seed: int) -> None:
     picks = [None] * world
     dist.all_gather_object(picks, decided.pick)
     assert picks == ["fast"] * world
+    # a step where one rank alone meets a new signature (its batch of another size): decided
+    # by that rank, no collective to wait on; its own times decide (its "fast" is slower)
+    _step(model, torch.randn(4 if rank == 0 else 6, 16))
+    decisions = list(model.module._fusedops_region.decisions.values())
+    assert len(decisions) == 1 + rank
+    assert rank == 0 or (decisions[-1].pick, decisions[-1].source) == ("eager", "timed")
+    # first calls that differ between the ranks: each rank decides alone
+    other = DDP(copy.deepcopy(plain.module))
+    fusedops.optimize(other, candidates=["fast"], cache=False)
+    other(torch.randn(4 + rank, 16))
+    (first,) = other.module._fusedops_region.decisions.values()
+    assert first.pick == ("fast" if rank == 0 else "eager"), first
+    dist.barrier()  # every rank got here: nobody waits on a collective another skipped
 
 
 @pytest.mark.skipif(
@@ -402,6 +439,227 @@ def _ranks(rank: int, world: int, seed: int) -> None:
 def test_ranks_make_the_same_decision(monkeypatch, tmp_path):
     seed = int(torch.randint(0, 2**20, (), device="cpu").item())
     run_gloo(_ranks, 2, seed, timeout=120, env={"FUSEDOPS_CACHE_DIR": str(tmp_path)})
+
+
+def test_warm_up_runs_until_the_time_settles(clock, monkeypatch):
+    """A candidate whose first runs are slow (compile, JIT, allocator) is timed once it
+    settles: its first run 100 s, then 40, 5.2, then 5 s a run."""
+    calls = []
+    slow_start = _stand_in("jit", 5.0, clock, calls=calls, first_costs=(100, 40, 5.2))
+    monkeypatch.setitem(candidates.BUILDERS, "jit", slow_start)
+    model = fusedops.optimize(_net(), candidates=["jit"])
+    model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.seconds["jit"] == 5.0 and decided.pick == "jit"
+    # first run, warm-ups 40, 5.2, 5 (within 10% of 5.2: settled), the timed rounds, the call
+    assert calls.count("jit") == 1 + 3 + 2 * trial.MIN_ROUNDS + 1
+
+
+def test_the_steps_hint_leaves_out_a_compile_that_cannot_repay(clock, monkeypatch, caplog):
+    """steps=: with the model's own code at 10 s a call, 1 call left cannot repay a compile
+    expected at 15 s (no compile measured yet): left out, with a log line; 10 calls can, and
+    the compile measured then (60 s) is what later regions expect."""
+    jit = _stand_in("jit", 5.0, clock, compiles=True, first_costs=(65,))
+    monkeypatch.setitem(candidates.BUILDERS, "jit", jit)
+    assert region.COMPILE_ESTIMATE_S == 15.0
+    model = fusedops.optimize(_net(), candidates=["jit"], steps=1)
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "eager" and decided.dropped["jit"].startswith(
+        "cannot repay its compile: the 1 calls left (steps=1) take 10 s as written"
+    )
+    assert "jit left out: cannot repay" in caplog.text
+    model = fusedops.optimize(_net(), candidates=["jit"], steps=10, cache=False)
+    model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "jit" and region._compile_measured == {"jit": 60.0}
+    model = fusedops.optimize(_net(), candidates=["jit"], steps=5, cache=False)
+    model(_x())  # 5 calls of 10 s cannot repay the 60 s measured
+    (decided,) = model._fusedops_region.decisions.values()
+    assert "its compile about 60 s" in decided.dropped["jit"]
+
+
+def test_a_long_compile_logs_its_progress(clock, monkeypatch, caplog):
+
+    def build(module, forward):
+        def run(*args, **kwargs):
+            if not ran:
+                ran.append(True)
+                time.sleep(0.3)  # the compile, in real seconds
+            return forward(*args, **kwargs)
+
+        return candidates.Candidate("jit", run, compiles=True)
+
+    ran = []
+    monkeypatch.setitem(candidates.BUILDERS, "jit", build)
+    monkeypatch.setattr(measure, "PROGRESS_S", 0.05)
+    model = fusedops.optimize(_net(), candidates=["jit"])
+    with caplog.at_level(logging.INFO, logger="fusedops.autotune"):
+        model(_x())
+    assert "region Net: compiling jit" in caplog.text
+    assert "still compiling jit (0 s so far)" in caplog.text
+    assert not [t for t in __import__("threading").enumerate() if t.name.endswith("progress")]
+
+
+class _Memory:
+    """A stand-in for ``measure.Memory``: the peak is what the candidates say they used."""
+
+    used = 0
+
+    def __init__(self, device):
+        pass
+
+    def begin(self):
+        _Memory.used = 0
+
+    def peak(self):
+        return _Memory.used
+
+
+def test_a_candidate_over_the_memory_limit_is_dropped(clock, monkeypatch):
+    """With 1000 MiB the process could use, a candidate peaking at 950 MiB (over 0.9 of it)
+    is dropped, one at 100 MiB kept; the report shows each one's peak."""
+    monkeypatch.setattr(measure, "Memory", _Memory)
+    monkeypatch.setattr(measure, "available", lambda device: 1000 * 2**20)
+
+    def using(name, mib, cost):
+        made = _stand_in(name, cost, clock)
+
+        def build(module, forward):
+            candidate = made(module, forward)
+            run = candidate.run
+
+            def counted(*args, **kwargs):
+                _Memory.used = max(_Memory.used, mib * 2**20)
+                return run(*args, **kwargs)
+
+            candidate.run = counted
+            return candidate
+
+        return build
+
+    monkeypatch.setitem(candidates.BUILDERS, "big", using("big", 950, 1.0))
+    monkeypatch.setitem(candidates.BUILDERS, "small", using("small", 100, 5.0))
+    model = fusedops.optimize(_net(), candidates=["big", "small"])
+    model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.pick == "small" and decided.peak_mib == {"big": 950.0, "small": 100.0}
+    assert decided.dropped["big"] == (
+        "peak memory 950 MiB, over 0.9 of the 1000 MiB this process could use"
+    )
+    assert "5e+03 ms (peak 100 MiB)" in fusedops.optimize_report(model)
+
+
+def test_host_and_device_time_apart(clock, monkeypatch):
+    """Where the model's own code takes longer on the host than on the device (host 10 s,
+    device 4 s: a host-bound region), the fused modules' backends are weighed by their host
+    time; where the device takes longer, by their device time. The report shows both."""
+    from fusedops.autotune import backends as module_picks
+
+    times = {  # (host, device) seconds of a run
+        "eager": (10.0, 4.0),
+        "native": (1.0, 9.0),
+        "fastln": (3.0, 2.0),
+    }
+
+    running = {"name": "eager"}  # what the last run ran: the region's code, or a backend
+    real_forward = module_picks.BackendPick._forward
+
+    def recorded(self, *args, **kwargs):
+        running["name"] = fusedops.dispatch.requested() or "native"
+        return real_forward(self, *args, **kwargs)
+
+    def split(run, wall, cuda, clock):
+        run()
+        return times.get(running["name"], (50.0, 50.0))  # other backends: slow
+
+    monkeypatch.setattr(module_picks.BackendPick, "_forward", recorded)
+    monkeypatch.setattr(measure, "split", split)
+    model = fusedops.optimize(_net(), candidates=[])
+    model(_x())
+    (decided,) = model._fusedops_region.decisions.values()
+    assert decided.bound == "host" and module_picks.BOUND == "host"
+    assert (decided.host, decided.device) == ({"eager": 10.0}, {"eager": 4.0})
+    assert "1e+04 ms (host 1e+04 ms, device 4e+03 ms)" in fusedops.optimize_report(model)
+
+    monkeypatch.setenv("FUSEDOPS_UNVERIFIED", "1")
+    norm = fusedops.nn.LayerNorm(16).to(DEVICE)
+    for bound, expected in (("host", "native"), ("device", "fastln")):
+        module_picks.forget()
+        monkeypatch.setattr(module_picks, "BOUND", bound)
+        norm.forward = module_picks.BackendPick(norm)
+        with fusedops.dispatch.register_backend(_LayerNormBackend("fastln")):
+            norm(_x().requires_grad_())
+        ((key, measured),) = module_picks.TRIALS.items()
+        assert module_picks.PICKS[key] == expected, (bound, measured)
+        assert measured["native"] == times["native"][bound == "device"]
+        assert measured["fastln"] == times["fastln"][bound == "device"]
+    module_picks.forget()
+
+
+requires_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA's events, streams and allocator counters"
+)
+
+
+@requires_cuda
+def test_on_cuda_device_time_covers_every_stream():
+    """Work launched on a side stream the current stream never waits for is in the device
+    time (a device-wide synchronisation ends it), and the host time is the launches'."""
+    cuda = torch.device("cuda")
+    big = torch.randn(4096, 4096, device=cuda)
+    side = torch.cuda.Stream(cuda)
+
+    def side_work():
+        side.wait_stream(torch.cuda.current_stream(cuda))
+        with torch.cuda.stream(side):
+            for _ in range(20):
+                big @ big
+
+    side_work()  # cuBLAS's first call out of the measurement
+    torch.cuda.synchronize()
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    with torch.cuda.stream(side):
+        start.record()
+        for _ in range(20):
+            big @ big
+        end.record()
+    torch.cuda.synchronize()
+    alone = start.elapsed_time(end) / 1e3
+    host, device = measure.split(side_work, alone, True, time.perf_counter)
+    assert device >= 0.8 * alone, (host, device, alone)
+    assert host < device and measure.bound(host, device) == "device"
+
+
+@requires_cuda
+def test_on_cuda_peak_memory_is_counted():
+    cuda = torch.device("cuda")
+    memory = measure.Memory(cuda)
+    memory.begin()
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device=cuda)
+    del block
+    assert memory.peak() >= 256 * 2**20
+    assert 0 < measure.available(cuda) <= torch.cuda.get_device_properties(cuda).total_memory
+
+
+@requires_cuda
+def test_on_cuda_a_decision_holds_host_device_time_and_peak(monkeypatch, tmp_path):
+    """The real clock and measurements: each candidate's host and device time, the
+    candidate's peak memory, and what the model's own code is bound by."""
+    monkeypatch.setenv("FUSEDOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(
+        candidates.BUILDERS, "same", lambda module, forward: candidates.Candidate("same", forward)
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024)).cuda()
+    fusedops.optimize(model, candidates=["same"], cache=False)
+    model(torch.randn(4096, 1024, device="cuda")).sum().backward()
+    (decided,) = model._fusedops_region.decisions.values()
+    assert set(decided.seconds) == set(decided.host) == set(decided.device) == {"eager", "same"}
+    assert all(value > 0 for value in [*decided.host.values(), *decided.device.values()])
+    assert decided.peak_mib["same"] >= 16  # its activations: 4096 x 1024 fp32 each
+    assert decided.bound in ("host", "device")
 
 
 def test_warnings_module_is_quiet_on_plain_calls(clock):
@@ -432,6 +690,34 @@ def test_autocast_and_gradient_accumulation(clock, monkeypatch):
     signatures = [d.signature for d in model._fusedops_region.decisions.values()]
     assert len(signatures) == 2 and '"autocast": [["' in signatures[0]
     assert '"autocast": []' in signatures[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cache_enabled", [True, False])
+def test_amp_with_grad_scaler(clock, monkeypatch, dtype, cache_enabled):
+    """Training steps under autocast (either dtype, autocast's weight cache on or off) with a
+    GradScaler give the plain model's losses and parameters exactly."""
+    monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
+    plain, model = _net(5).eval(), _net(5).eval()
+    fusedops.optimize(model, candidates=["fast"])
+    batches = [_x(), _x(), _x(12)]  # the third a new signature: timed in the loop too
+    losses = {}
+    for name, net in (("plain", plain), ("optimized", model)):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(DEVICE.type, init_scale=2.0**8)
+        losses[name] = []
+        for batch in batches:
+            with torch.autocast(DEVICE.type, dtype=dtype, cache_enabled=cache_enabled):
+                loss = net(batch).float().square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+            losses[name].append(loss.detach())
+    assert [float(v) for v in losses["optimized"]] == [float(v) for v in losses["plain"]]
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
+    assert [d.pick for d in model._fusedops_region.decisions.values()] == ["fast", "fast"]
 
 
 # -- per-module backend picks inside the fused candidate --------------------------------------

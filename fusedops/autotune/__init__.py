@@ -59,6 +59,7 @@ def optimize(
     margin: float = MARGIN,
     cache: bool = True,
     max_signatures: int = MAX_SIGNATURES,
+    steps: int | None = None,
 ) -> torch.nn.Module:
     """Make ``model`` run its fastest way on this device; returns ``model`` itself.
 
@@ -79,10 +80,20 @@ def optimize(
     cache: keep and reuse decisions across runs (``$FUSEDOPS_CACHE_DIR/autotune``).
     max_signatures: input signatures (shapes, dtypes, train/eval, autocast) timed per model;
         later new ones run the last pick untimed.
+    steps: optional, the calls of the model the run will make (training steps times calls
+        per step). A compiling candidate (``compile``, ``xla``) is left out, with a log line,
+        where the calls left cannot repay its compile: the model's own code takes less over
+        them than the compile is expected to take (the longest compile measured in this
+        process, else ``fusedops.autotune.region.COMPILE_ESTIMATE_S``). Without it, compiles
+        are bounded by ``COMPILE_BUDGET_S`` seconds per process (600).
+
+    On CUDA each candidate's host and device time are measured apart and its peak memory;
+    one over ``MEMORY_FRACTION`` (0.9) of the memory the process could use is dropped.
 
     Calling it again on the same model does nothing, with a warning. TypeError: ``model`` not
     a ``torch.nn.Module``, ``optimizer`` not an optimizer; ValueError: an unknown candidate, a
-    margin outside (0, 1], ``max_signatures`` < 1, or an FSDP2 (``fully_shard``) model, which
+    margin outside (0, 1], ``max_signatures`` < 1, ``steps`` neither None nor an int >= 1, or an
+    FSDP2 (``fully_shard``) model, which
     ``optimize`` does not time yet.
     """
     if not isinstance(model, torch.nn.Module):
@@ -107,6 +118,8 @@ def optimize(
         or (max_signatures < 1)
     ):
         raise ValueError(f"optimize: max_signatures must be an int >= 1, got {max_signatures!r}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"optimize: steps must be None or an int >= 1, got {steps!r}")
     if region_fsdp2(model):
         raise ValueError(FSDP2_REFUSED)
     target = _target(model)
@@ -128,6 +141,7 @@ def optimize(
         margin=float(margin),
         use_cache=bool(cache),
         max_signatures=max_signatures,
+        steps=steps,
     )
     target.__dict__[_REGION] = region
     target.__dict__["_fusedops_forward"] = target.__dict__.get("forward")

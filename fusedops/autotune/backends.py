@@ -5,11 +5,22 @@ On its first call of each signature (its class, train/eval, grad mode, autocast,
 shapes, dtypes, strides and devices) it is run, forward and backward, on each backend the
 dispatch rule may run all of its ops on (``dispatch.candidates`` of every op it called: the
 verified kernels, or unverified ones under ``FUSEDOPS_UNVERIFIED=1``, and native), leaving no
-trace (``fusedops.autotune.trial``). A backend whose outputs or gradients differ from native's
+trace (``fusedops.autotune.trial``), its host and device time apart (on CUDA;
+``fusedops.autotune.measure``): the one that counts is the one the region is bound by
+(``BOUND``, from the region's own times: where the host runs ahead of the device an op's host
+time is hidden). A backend whose outputs or gradients differ from native's
 (``trial.mismatch``) is dropped for that signature with one warning naming the module, the
 backend, the input shapes and the difference; a backend that fails is dropped. The fastest of
 the rest runs that signature's later calls (``use_backend``). These picks are what the region's
 own trial of the ``fused`` candidate then measures in place: the region decides.
+
+A fused module calls one op (LayerNorm, RMSNorm, QuickGELU) or a few (a Swin block's window
+ops); its signature fixes its ops' signatures (op, dtypes, device, shapes, strides), so this is
+one trial per op signature where the module calls one op, and a module calling several runs
+them on one backend. The comparison is ``trial.mismatch``'s: within ``fusedops.testing``'s
+tolerance for floating outputs, exact for integer ones. A random op compares like the others:
+torch's random state is restored before each run, and bias-dropout-add derives its mask from a
+seed drawn from it, the same mask on every backend on CUDA (docs/ops.md).
 
 No trial runs while torch.compile or torch.export traces the module, nor under CUDA graph
 capture. Where only one backend may run, nothing is timed.
@@ -24,7 +35,7 @@ from typing import Any
 import torch
 
 from fusedops import dispatch
-from fusedops.autotune import trial
+from fusedops.autotune import ranks, trial
 
 log = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -32,9 +43,14 @@ log = logging.getLogger(__name__.rpartition(".")[0])
 #: ``AUTOMATIC``: none forced, the dispatch rule picks as it does without ``optimize``.
 PICKS: dict[tuple[type, str], str] = {}
 AUTOMATIC = "automatic"
-#: What each signature's trial measured: (module class, signature) -> {backend: seconds or why
-#: it was dropped}.
+#: What each signature's trial measured: (module class, signature) -> {backend: the seconds
+#: that count (``BOUND``'s) or why it was dropped}.
 TRIALS: dict[tuple[type, str], dict[str, Any]] = {}
+#: Host and device seconds apart: (module class, signature) -> {backend: ``trial.Timing``}.
+TIMINGS: dict[tuple[type, str], dict[str, trial.Timing]] = {}
+#: What the region running the fused candidate is bound by, "device" or "host" (set by the
+#: region from its own times before the fused candidate's trial; "device" until then).
+BOUND = "device"
 
 
 def _signature(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
@@ -87,8 +103,8 @@ class BackendPick:
             return self._forward(*args, **kwargs)
         key = (type(self.module), _signature(self.module, args, kwargs))
         chosen = PICKS.get(key)
-        if chosen is None:
-            chosen = PICKS[key] = self._decide(key, args, kwargs)
+        if chosen is None:  # in a decision the ranks share: rank 0's pick (ranks.py)
+            chosen = PICKS[key] = ranks.from_rank0(self._decide(key, args, kwargs))
         if chosen == AUTOMATIC:
             return self._forward(*args, **kwargs)
         with dispatch.use_backend(chosen):
@@ -134,19 +150,27 @@ class BackendPick:
                         stacklevel=4,
                     )
                     continue
-                measured[backend] = trials.time(runner, first)
+                timing = trials.time(runner, first)
+                TIMINGS.setdefault(key, {})[backend] = timing
+                measured[backend] = timing.cost(BOUND)
             except Exception as error:  # noqa: BLE001  (a failing backend is dropped)
                 measured[backend] = f"failed: {type(error).__name__}: {error}"[:200]
         TRIALS[key] = measured
         timed = {b: s for b, s in measured.items() if isinstance(s, float)}
         chosen = min(timed, key=timed.get) if timed else "native"
+        timings = TIMINGS.get(key, {})
+
+        def cell(backend: str, value: Any) -> str:
+            if not isinstance(value, float):
+                return f"{backend} dropped ({value})"
+            host, device = 1e3 * timings[backend].host, 1e3 * timings[backend].device
+            return f"{backend} {1e3 * value:.3g} ms (host {host:.3g}, device {device:.3g})"
+
         log.info(
-            "fusedops.optimize: %s %s -> %s",
+            "fusedops.optimize: %s (%s-bound) %s -> %s",
             type(self.module).__qualname__,
-            ", ".join(
-                f"{b} {1e3 * s:.3g} ms" if isinstance(s, float) else f"{b} dropped ({s})"
-                for b, s in measured.items()
-            ),
+            BOUND,
+            ", ".join(cell(b, s) for b, s in measured.items()),
             chosen,
         )
         return chosen
@@ -156,3 +180,4 @@ def forget() -> None:
     """Drop every pick (tests; a new process starts without them)."""
     PICKS.clear()
     TRIALS.clear()
+    TIMINGS.clear()

@@ -8,15 +8,24 @@ trials of every candidate (``fusedops.autotune.trial``). The pick is the fastest
 outputs and gradients match the user's code, where it is faster than that code by the margin;
 else the user's code runs. Later calls of the signature run the pick.
 
+A compiling candidate (``torch.compile``, XLA) is left out once the process has spent
+``COMPILE_BUDGET_S`` compiling, or where a ``steps`` hint says the calls left cannot repay its
+compile (``repays``); its first run logs progress while it compiles. On CUDA a candidate whose
+peak memory is over ``MEMORY_FRACTION`` of what the process could use is dropped
+(``fusedops.autotune.measure``), and losing candidates' programs and cached blocks are freed.
+
 No trial runs while torch.compile or torch.export traces the module, nor under CUDA graph
 capture: those calls run the signature's pick, or the user's code. Under
-``torch.distributed`` with several ranks every rank runs the same trials in the same order,
-a candidate that failed on any rank is dropped, rank 0's times decide and its decision (cache
-hits included) is broadcast: ranks never diverge or wait on a collective another skips.
+``torch.distributed`` with several ranks the first decision is shared where every rank's
+first call has the same signature: every rank runs the same trials in the same order, a
+candidate that failed on any rank is dropped, rank 0's times decide and its decision (cache
+hits and the fused modules' backend picks included) is broadcast; a later signature is decided
+by each rank alone, with no collective (``fusedops.autotune.ranks``).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -26,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fusedops.autotune import cache, candidates, trial
+from fusedops.autotune import backends, cache, candidates, measure, ranks, trial
 
 log = logging.getLogger(__name__.rpartition(".")[0])  # "fusedops.autotune"
 
@@ -36,6 +45,12 @@ MARGIN = 0.97
 #: Seconds of compiling (first runs of ``torch.compile`` and XLA candidates) one process may
 #: spend; once spent, compiling candidates are left out of new trials.
 COMPILE_BUDGET_S = 600.0
+#: What a compile is expected to take before one was measured in this process (seconds): a
+#: CPU compile of a small transformer's forward and backward took 15-20 s on 2 cores.
+COMPILE_ESTIMATE_S = 15.0
+#: On CUDA, a candidate whose peak memory is over this fraction of what the process could use
+#: when the trials began is dropped.
+MEMORY_FRACTION = 0.9
 #: Signatures a region times; later new signatures run the last decision's pick.
 MAX_SIGNATURES = 8
 
@@ -48,6 +63,15 @@ FSDP2_REFUSED = (
 
 #: Seconds spent compiling in this process (all regions).
 _compile_seconds = 0.0
+#: The longest compile measured in this process, per candidate name (seconds).
+_compile_measured: dict[str, float] = {}
+
+
+def repays(eager_s: float, calls_left: int, compile_s: float) -> bool:
+    """Whether a candidate that compiles for about ``compile_s`` seconds can repay it over
+    ``calls_left`` calls of a region whose own code takes ``eager_s`` a call: no candidate
+    saves more than the whole call."""
+    return eager_s * calls_left > compile_s
 
 
 def _describe(value: Any) -> Any:
@@ -99,33 +123,6 @@ def _fusedops_version() -> str:
     return __version__
 
 
-def _several_ranks() -> bool:
-    distributed = torch.distributed
-    return (
-        distributed.is_available()
-        and distributed.is_initialized()
-        and distributed.get_world_size() > 1
-    )
-
-
-def _from_rank0(value: Any) -> Any:
-    """``value`` as rank 0 has it (every rank calls this at the same point)."""
-    if not _several_ranks():
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _union(values: set) -> set:
-    """The union of ``values`` over the ranks (every rank calls this at the same point)."""
-    if not _several_ranks():
-        return values
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, sorted(values))
-    return {v for found in gathered for v in found}
-
-
 def _fsdp2(module: torch.nn.Module) -> bool:
     """Whether ``fully_shard`` (FSDP2) was applied to the module or a submodule."""
     try:
@@ -133,10 +130,6 @@ def _fsdp2(module: torch.nn.Module) -> bool:
     except ImportError:  # a torch without FSDP2
         return False
     return any(isinstance(m, FSDPModule) for m in module.modules())
-
-
-def _rank0() -> bool:
-    return not _several_ranks() or torch.distributed.get_rank() == 0
 
 
 def _short(error: BaseException) -> str:
@@ -160,6 +153,12 @@ class Decision:
     dropped: dict[str, str] = field(default_factory=dict)
     source: str = "timed"
     signature: str = ""
+    #: per candidate: its host and device seconds apart, its peak MiB (CUDA)
+    host: dict[str, float] = field(default_factory=dict)
+    device: dict[str, float] = field(default_factory=dict)
+    peak_mib: dict[str, float] = field(default_factory=dict)
+    #: "device" or "host": what the user's code is bound by (``measure.bound``)
+    bound: str = ""
 
 
 class Region:
@@ -174,9 +173,12 @@ class Region:
         margin: float = MARGIN,
         use_cache: bool = True,
         max_signatures: int = MAX_SIGNATURES,
+        steps: int | None = None,
     ):
         self.module, self.forward, self.names = module, forward, tuple(names)
         self.margin, self.use_cache, self.max_signatures = margin, use_cache, max_signatures
+        self.steps = steps
+        self.calls = 0
         self.title = type(module).__qualname__
         self.decisions: dict[str, Decision] = {}
         self._built: dict[str, candidates.Candidate] | None = None
@@ -227,6 +229,7 @@ class Region:
         decided = self.decisions.get(key)
         if decided is None:
             decided = self.decide(key, args, kwargs)
+        self.calls += 1
         return self._run(decided.pick, args, kwargs)
 
     def decide(self, key: str, args: tuple, kwargs: dict) -> Decision:
@@ -248,7 +251,20 @@ class Region:
         elif _fsdp2(self.module):
             raise ValueError(FSDP2_REFUSED)
         else:
-            decided = self._cached_or_timed(key, args, kwargs)
+            shared = False
+            if ranks.several():
+                shared = not self.decisions and ranks.same(key)  # the first call: every rank
+                if not shared:
+                    log.info(
+                        "fusedops.optimize: region %s: rank %d decides this signature alone (%s)",
+                        self.title,
+                        torch.distributed.get_rank(),
+                        "after the first call"
+                        if self.decisions
+                        else "the ranks' first calls differ",
+                    )
+            with ranks.shared(shared):
+                decided = self._cached_or_timed(key, args, kwargs)
         self.decisions[key] = decided
         return decided
 
@@ -267,8 +283,8 @@ class Region:
     def _cached_or_timed(self, key: str, args: tuple, kwargs: dict) -> Decision:
         built = self.built()
         parts = self._cache_key(key, args, kwargs) if self.use_cache else None
-        found = cache.load(parts) if parts is not None and _rank0() else None
-        found = _from_rank0(found)
+        found = cache.load(parts) if parts is not None and ranks.rank0() else None
+        found = ranks.from_rank0(found)
         if found is not None and found.get("pick") in built:
             decided = Decision(
                 found["pick"],
@@ -276,61 +292,136 @@ class Region:
                 dict(found.get("dropped", {})),
                 "cache",
                 key,
+                dict(found.get("host", {})),
+                dict(found.get("device", {})),
+                dict(found.get("peak_mib", {})),
+                str(found.get("bound", "")),
             )
             self._log(decided)
             self._free_losers(decided.pick)
             return decided
         decided = self._timed(key, args, kwargs)
-        if parts is not None and _rank0() and decided.source == "timed":
+        if parts is not None and ranks.rank0() and decided.source == "timed":
             cache.store(
                 parts,
-                {"pick": decided.pick, "seconds": decided.seconds, "dropped": decided.dropped},
+                {
+                    "pick": decided.pick,
+                    "seconds": decided.seconds,
+                    "dropped": decided.dropped,
+                    "host": decided.host,
+                    "device": decided.device,
+                    "peak_mib": decided.peak_mib,
+                    "bound": decided.bound,
+                },
             )
         self._log(decided)
         self._free_losers(decided.pick)
         return decided
 
     def _timed(self, key: str, args: tuple, kwargs: dict) -> Decision:
-        global _compile_seconds
         built = self.built()
         trials = trial.Trials(self.module, args, kwargs)
-        dropped: dict[str, str] = {}
-        seconds: dict[str, float] = {}
+        device = _main_device(self.module, args, kwargs)
+        memory = measure.Memory(device)
+        limit = measure.available(device)
+        decided = Decision("eager", signature=key)
+        timings: dict[str, trial.Timing] = {}
         if self._swaps is not None:
             self._swaps.ensure(False)
         reference = trials.run(built["eager"].run)
-        seconds["eager"] = trials.time(built["eager"].run, reference)
+        timings["eager"] = trials.time(built["eager"].run, reference)
+        eager_s = ranks.from_rank0(timings["eager"].seconds)
+        own = timings["eager"]
+        decided.bound = ranks.from_rank0(measure.bound(own.host, own.device))
+        backends.BOUND = decided.bound  # what the fused candidate's per-module picks weigh
         for name, candidate in built.items():
             if name == "eager":
                 continue
-            if candidate.compiles and _compile_seconds >= COMPILE_BUDGET_S:
-                dropped[name] = f"compile budget of {COMPILE_BUDGET_S:g} s spent"
+            why = self._left_out(name, candidate, eager_s)
+            if why is not None:
+                decided.dropped[name] = why
                 continue
             try:
                 if self._swaps is not None:
                     self._swaps.ensure(candidate.swapped)
-                first = trials.run(candidate.run)
-                if candidate.compiles:
-                    _compile_seconds += first.seconds
-                wrong = trial.mismatch(reference, first)
-                if wrong is not None:
-                    dropped[name] = f"differs from the model's own code: {wrong}"
-                    continue
-                seconds[name] = trials.time(candidate.run, first)
+                timing, peak = self._trial(name, candidate, trials, reference, memory)
+            except _Differs as wrong:
+                decided.dropped[name] = f"differs from the model's own code: {wrong}"
+                continue
             except Exception as error:  # noqa: BLE001  (a failing candidate is dropped)
-                dropped[name] = f"failed: {_short(error)}"
+                decided.dropped[name] = f"failed: {_short(error)}"
+                continue
             finally:
                 if self._swaps is not None:
                     self._swaps.ensure(False)
-        failed_anywhere = _union(set(dropped))
-        for name in failed_anywhere - set(dropped):
-            dropped[name] = "failed or differed on another rank"
-            seconds.pop(name, None)
-        seconds = _from_rank0(seconds)
-        eager = seconds["eager"]
+            if peak is not None:
+                decided.peak_mib[name] = round(peak / 2**20, 1)
+                if limit is not None and peak > MEMORY_FRACTION * limit:
+                    decided.dropped[name] = (
+                        f"peak memory {peak / 2**20:.0f} MiB, over {MEMORY_FRACTION:g} of the "
+                        f"{limit / 2**20:.0f} MiB this process could use"
+                    )
+                    continue
+            timings[name] = timing
+        failed_anywhere = ranks.union(set(decided.dropped))
+        for name in failed_anywhere - set(decided.dropped):
+            decided.dropped[name] = "failed or differed on another rank"
+            timings.pop(name, None)
+        seconds = ranks.from_rank0({name: t.seconds for name, t in timings.items()})
+        decided.seconds = seconds
+        decided.host = {name: t.host for name, t in timings.items()}
+        decided.device = {name: t.device for name, t in timings.items()}
         fastest = min(seconds, key=seconds.get)
-        pick = fastest if seconds[fastest] <= self.margin * eager else "eager"
-        return Decision(pick, seconds, dropped, "timed", key)
+        decided.pick = fastest if seconds[fastest] <= self.margin * seconds["eager"] else "eager"
+        return decided
+
+    def _left_out(self, name: str, candidate: candidates.Candidate, eager_s: float) -> str | None:
+        """Why a compiling candidate is not tried (the budget spent, or the ``steps`` hint
+        says it cannot repay its compile), or None."""
+        if not candidate.compiles:
+            return None
+        if _compile_seconds >= COMPILE_BUDGET_S:
+            return f"compile budget of {COMPILE_BUDGET_S:g} s spent"
+        if self.steps is None:
+            return None
+        calls_left = max(self.steps - self.calls, 0)
+        expected = _compile_measured.get(name, COMPILE_ESTIMATE_S)
+        if repays(eager_s, calls_left, expected):
+            return None
+        why = (
+            f"cannot repay its compile: the {calls_left} calls left (steps={self.steps}) take "
+            f"{eager_s * calls_left:.3g} s as written, its compile about {expected:.3g} s"
+        )
+        log.info("fusedops.optimize: region %s: %s left out: %s", self.title, name, why)
+        return why
+
+    def _trial(
+        self,
+        name: str,
+        candidate: candidates.Candidate,
+        trials: trial.Trials,
+        reference: trial.Result,
+        memory: measure.Memory,
+    ) -> tuple[trial.Timing, int | None]:
+        """``candidate``'s first run (compared with ``reference``; progress lines while it
+        compiles), then its timing; with its peak memory over both (None off CUDA)."""
+        global _compile_seconds
+        memory.begin()
+        if candidate.compiles:
+            with measure.progress(self.title, name):
+                first = trials.run(candidate.run)
+        else:
+            first = trials.run(candidate.run)
+        if candidate.compiles:
+            _compile_seconds += first.seconds
+        wrong = trial.mismatch(reference, first)
+        if wrong is not None:
+            raise _Differs(wrong)
+        timing = trials.time(candidate.run, first)
+        if candidate.compiles:
+            compile_s = max(first.seconds - timing.seconds, 0.0)
+            _compile_measured[name] = max(_compile_measured.get(name, 0.0), compile_s)
+        return timing, memory.peak()
 
     def _free_losers(self, new_pick: str) -> None:
         """Drop what candidates that no signature picked hold (compiled programs; made again
@@ -339,9 +430,12 @@ class Region:
         for name, candidate in self.built().items():
             if name not in picked:
                 candidate.drop()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            gc.collect()  # programs and their buffers held in reference cycles
+            torch.cuda.empty_cache()
 
     def _log(self, decided: Decision) -> None:
-        times = ", ".join(f"{name} {1e3 * value:.3g} ms" for name, value in decided.seconds.items())
+        times = ", ".join(f"{name} {_cell(decided, name)}" for name in decided.seconds)
         log.info(
             "fusedops.optimize: region %s, call %s: %s%s -> %s",
             self.title,
@@ -360,7 +454,7 @@ class Region:
         it was left out, the pick and where the decision came from."""
         found = []
         for index, decided in enumerate(self.decisions.values(), 1):
-            cells = {name: f"{1e3 * s:.3g} ms" for name, s in decided.seconds.items()}
+            cells = {name: _cell(decided, name) for name in decided.seconds}
             cells.update({name: f"dropped ({why})" for name, why in decided.dropped.items()})
             cells.update({name: f"unavailable ({why})" for name, why in self.unavailable.items()})
             found.append(
@@ -381,6 +475,23 @@ class Region:
             self._swaps.ensure(False)
         for candidate in (self._built or {}).values():
             candidate.drop()
+
+
+class _Differs(Exception):
+    """A candidate's outputs or gradients differ from the user's code's (the message: how)."""
+
+
+def _cell(decided: Decision, name: str) -> str:
+    """A candidate's time as the log and the report show it: its milliseconds, and where they
+    differ from it (on CUDA) its host and device time, and its peak memory."""
+    text = f"{1e3 * decided.seconds[name]:.3g} ms"
+    host, device = decided.host.get(name), decided.device.get(name)
+    extra = []
+    if host is not None and device is not None and (host, device) != (decided.seconds[name],) * 2:
+        extra.append(f"host {1e3 * host:.3g} ms, device {1e3 * device:.3g} ms")
+    if name in decided.peak_mib:
+        extra.append(f"peak {decided.peak_mib[name]:.0f} MiB")
+    return text + (f" ({'; '.join(extra)})" if extra else "")
 
 
 def _summary(key: str) -> str:

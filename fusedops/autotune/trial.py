@@ -9,7 +9,11 @@ generator) is restored, so the call itself runs once, as it would have without t
 optimizer step is not part of a trial.
 
 Time is read from ``clock()`` (``time.perf_counter``; tests put a stand-in there), around a
-run that ends with a device synchronisation where a tensor lives on a CUDA device.
+run that ends with a device synchronisation where a tensor lives on a CUDA device. After the
+first run (which compiles, JITs Triton kernels, lets ``cudnn.benchmark`` search and the
+allocator grow) warm-up runs follow until one takes within ``SETTLED`` of the one before; then
+the best of a few rounds is the candidate's time, and on CUDA its host and device time are
+measured apart (``fusedops.autotune.measure``).
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ from typing import Any
 
 import torch
 
+from fusedops.autotune import measure
 from fusedops.testing import tolerance
 
 #: Seconds, by ``time.perf_counter`` unless a test replaces it.
 clock: Callable[[], float] = time.perf_counter
 
 #: Trial rounds per candidate: at least, at most, and the seconds the rounds of one candidate
-#: may take (rounds = this budget over the first timed run, within the bounds).
+#: may take (rounds = this budget over the settled run, within the bounds).
 MIN_ROUNDS, MAX_ROUNDS, ROUNDS_BUDGET_S = 2, 8, 1.0
+#: Warm-up: runs after the first until one takes within this ratio of the one before (either
+#: way), at most ``MAX_WARMUP`` runs.
+SETTLED, MAX_WARMUP = 1.1, 4
 
 #: The terms a region's output or gradient element is taken to sum, for the comparison
 #: tolerance: candidates sum in other orders (fused kernels, compiled code, XLA) over up to a
@@ -106,6 +114,22 @@ class Result:
     grads: list[torch.Tensor | None]
 
 
+@dataclass
+class Timing:
+    """A candidate's measured time: ``seconds``, the best wall time of a run (forward and
+    backward, synchronised); ``host`` and ``device``, its host and device time apart (equal to
+    ``seconds`` on the CPU; ``fusedops.autotune.measure.split``)."""
+
+    seconds: float
+    host: float
+    device: float
+
+    def cost(self, bound: str) -> float:
+        """What a step pays for it where the step is ``bound`` ("device": the host runs ahead,
+        its device time counts; "host": its host time counts)."""
+        return self.device if bound == "device" else self.host
+
+
 class Trials:
     """Trial runs of candidates of one region call: ``args``/``kwargs`` are the call's, with
     each tensor needing gradients replaced by a detached alias (a trial's backward stops there);
@@ -138,46 +162,78 @@ class Trials:
         if self.on_cuda:
             torch.cuda.synchronize()
 
+    def _once(self, function: Callable) -> tuple[list, list]:
+        """``function``'s forward and backward, unsynchronised: (outputs, gradients)."""
+        outputs = flat_tensors(function(*self.args, **self.kwargs))
+        grads: list = []
+        differentiable = [t for t in outputs if t.requires_grad]
+        if self.wrt and differentiable:
+            grads = list(
+                torch.autograd.grad(
+                    differentiable,
+                    self.wrt,
+                    grad_outputs=[torch.ones_like(t) for t in differentiable],
+                    allow_unused=True,
+                )
+            )
+        return outputs, grads
+
     def run(self, function: Callable) -> Result:
         """One trial of ``function`` (called with the call's arguments): seconds, outputs and
         gradients; then the snapshot is restored."""
         try:
             self._sync()
             start = clock()
-            out = function(*self.args, **self.kwargs)
-            outputs = [t for t in flat_tensors(out) if t.is_floating_point() or t.is_complex()]
-            grads: list = []
-            differentiable = [t for t in outputs if t.requires_grad]
-            if self.wrt and differentiable:
-                grads = list(
-                    torch.autograd.grad(
-                        differentiable,
-                        self.wrt,
-                        grad_outputs=[torch.ones_like(t) for t in differentiable],
-                        allow_unused=True,
-                    )
-                )
+            outputs, grads = self._once(function)
             self._sync()
             seconds = clock() - start
             return Result(seconds, [t.detach() for t in outputs], grads)
         finally:
             self.snapshot.restore()
 
-    def time(self, function: Callable, first: Result) -> float:
-        """The best seconds of ``function`` over rounds of two runs each (the second timed: the
-        first after another candidate's shares the cores with its idle threads), as many rounds
-        as ``ROUNDS_BUDGET_S`` allows given ``first`` (a run already made)."""
-        rounds = int(ROUNDS_BUDGET_S / max(first.seconds, 1e-9))
+    def settle(self, function: Callable, first: Result) -> float:
+        """Warm-up runs after ``first`` until one takes within ``SETTLED`` of the one before
+        (at most ``MAX_WARMUP``); the last one's seconds."""
+        previous = first.seconds
+        for _ in range(MAX_WARMUP):
+            now = self.run(function).seconds
+            settled = now <= SETTLED * previous and previous <= SETTLED * now
+            previous = now
+            if settled:
+                break
+        return previous
+
+    def time(self, function: Callable, first: Result) -> Timing:
+        """``function``'s time: after warm-up (``settle``), the best seconds over rounds of
+        two runs each (the second timed: the first after another candidate's shares the cores
+        with its idle threads), as many rounds as ``ROUNDS_BUDGET_S`` allows; on CUDA its host
+        and device time apart (``measure.split``)."""
+        settled = self.settle(function, first)
+        rounds = int(ROUNDS_BUDGET_S / max(settled, 1e-9))
         rounds = min(max(rounds, MIN_ROUNDS), MAX_ROUNDS)
         best = math.inf
         for _ in range(rounds):
             self.run(function)
             best = min(best, self.run(function).seconds)
-        return best
+        try:
+            host, device = measure.split(lambda: self._once(function), best, self.on_cuda, clock)
+        finally:
+            self.snapshot.restore()
+        return Timing(best, host, device)
+
+
+def _exact(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` compares exactly: integer and boolean outputs (indices, counts,
+    masks), as NMS's indices are the same on every backend (docs/ops.md)."""
+    return not (tensor.is_floating_point() or tensor.is_complex())
 
 
 def _largest(tensors: list) -> float:
-    found = [float(t.detach().double().abs().max()) for t in tensors if t is not None and t.numel()]
+    found = [
+        float(t.detach().double().abs().max())
+        for t in tensors
+        if t is not None and t.numel() and not _exact(t)
+    ]
     found = [value for value in found if math.isfinite(value)]
     return max(found, default=0.0)
 
@@ -187,7 +243,10 @@ def mismatch(expected: Result, actual: Result) -> str | None:
     None. Each element is compared within ``fusedops.testing.tolerance`` for its dtype and
     ``COMPARED_TERMS`` summed terms, at the magnitude of the largest element of its kind (all
     outputs, or all gradients): a gradient that cancels to near zero (a bias before a batch
-    norm) carries the rounding of the terms it summed, which are of the size of the others."""
+    norm) carries the rounding of the terms it summed, which are of the size of the others.
+    Integer and boolean outputs (indices: NMS's keep list) must be equal, the documented rule
+    for NMS (the same indices on every backend); a candidate that reorders them, as gaussian
+    soft-NMS may for two picks within rounding, is dropped, never trusted."""
     if len(expected.outputs) != len(actual.outputs):
         return f"{len(actual.outputs)} outputs where the model gives {len(expected.outputs)}"
     if len(expected.grads) != len(actual.grads):
@@ -204,6 +263,10 @@ def mismatch(expected: Result, actual: Result) -> str | None:
                 continue
             if want.shape != got.shape:
                 return f"{what} {index}: shape {tuple(got.shape)} where {tuple(want.shape)}"
+            if _exact(want) or _exact(got):
+                if want.dtype != got.dtype or not torch.equal(want, got.to(want.device)):
+                    return f"{what} {index}: {want.dtype} values differ (compared exactly)"
+                continue
             wide_want, wide_got = want.double(), got.to(want.device).double()
             finite = torch.isfinite(wide_want)
             if not torch.equal(finite, torch.isfinite(wide_got)):

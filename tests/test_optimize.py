@@ -662,6 +662,34 @@ def test_on_cuda_a_decision_holds_host_device_time_and_peak(monkeypatch, tmp_pat
     assert decided.bound in ("host", "device")
 
 
+def test_a_call_never_prints_its_tensors(clock, monkeypatch):
+    """A call's signature reads shapes and dtypes, never a tensor's values: printing one is
+    milliseconds a call (a batch given as a dict of tensors, as Hugging Face models take)."""
+    model = fusedops.optimize(_DictNet(), candidates=[])
+    batch = {"b": _x(), "a": _x()}
+
+    def printed(self, *args, **kwargs):
+        raise AssertionError("a tensor was printed")
+
+    monkeypatch.setattr(torch.Tensor, "__repr__", printed)
+    monkeypatch.setattr(torch.Tensor, "__str__", printed)
+    model(batch)
+    model(batch)
+    (key,) = model._fusedops_region.decisions
+    assert '"a": ["tensor", [8, 16]' in key
+
+
+class _DictNet(nn.Module):
+    """A model called on a dict of tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16).to(DEVICE)
+
+    def forward(self, batch):
+        return self.linear(batch["a"]) + batch["b"]
+
+
 def test_warnings_module_is_quiet_on_plain_calls(clock):
     model = fusedops.optimize(_net(), candidates=[])
     with warnings.catch_warnings():

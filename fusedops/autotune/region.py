@@ -81,10 +81,15 @@ def _describe(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [type(value).__name__, [_describe(v) for v in value]]
     if isinstance(value, dict):
-        return ["dict", {str(k): _describe(v) for k, v in sorted(value.items(), key=str)}]
+        # sorted by key alone: the text of an item would print its tensor, each call
+        return ["dict", {str(k): _describe(v) for k, v in sorted(value.items(), key=_key)}]
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     return type(value).__qualname__
+
+
+def _key(item: tuple) -> str:
+    return str(item[0])
 
 
 def signature(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:

@@ -290,6 +290,51 @@ def cpu_ddp() -> str:
     return table(header, body) + "\n" + source([name], rows, f"the {rows[0]['device']}")
 
 
+MODEL_NAMES = {
+    "bert": "HF BERT (masked LM)",
+    "clip": "HF CLIP vision",
+    "convnext": "HF ConvNeXt",
+    "gpt2": "HF GPT-2 (causal LM)",
+    "swin": "HF Swin",
+    "vit": "HF ViT",
+    "t5": "HF T5 (seq2seq)",
+    "resnet": "HF ResNet",
+    "demo_vit": "the demo's TinyViT",
+}
+
+
+def cpu_models(run: str) -> str:
+    """bench_models.py's rows of the run started at ``run`` (its ``date``) in cpu_models.csv:
+    per model the median step of eager, torch.compile and optimize, optimize over the faster
+    of the two, first steps, what optimize's processes picked, and the first loss's difference
+    from eager's against its tolerance."""
+    name = "cpu_models.csv"
+    rows = [r for r in read_csv(name) if r["date"] == run]
+    body = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ways = {r["way"]: r for r in rows if r["model"] == model}
+        eager, compiled, optimized = ways["eager"], ways["compile"], ways["optimize"]
+        best = min(float(eager["step_ms"]), float(compiled["step_ms"]))
+        ratio = float(optimized["step_ms"]) / best
+        body.append([
+            MODEL_NAMES.get(model, model), eager["step_ms"], compiled["step_ms"],
+            optimized["step_ms"], f"{ratio:.3f}", compiled["first_step_s"],
+            optimized["first_step_s"], optimized["picks"].replace("|", ", "),
+            f"{optimized['first_loss_minus_eager']} ({optimized['first_loss_tolerance']})",
+        ])  # fmt: skip
+    header = ["model", "eager", "torch.compile", "optimize", "optimize / faster",
+              "compile first step (s)", "optimize first step (s)", "optimize picked",
+              "first loss - eager (tolerance)"]  # fmt: skip
+    processes = rows[0]["processes"] if rows else "?"
+    return (
+        table(header, body)
+        + "\n"
+        + source(
+            [name], rows, f"the 2-core CPU of the development machine ({processes} processes a way)"
+        )
+    )
+
+
 XLA_MODELS = {
     "hf-bert-h256-l4-b8": "HF BERT (masked LM)",
     "hf-clip-h256-l4-b8": "HF CLIP vision",
@@ -592,6 +637,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cpu-overhead": cpu_overhead,
     "cpu-nms": cpu_nms,
     "cpu-ddp": cpu_ddp,
+    "cpu-models": lambda: cpu_models("2026-12-07 00:07"),
     "cpu-xla-pick": lambda: xla_table(295, 324, runs_as=True),
     "cpu-xla-xeon": lambda: xla_table(225, 254, bold_over=1.10),
     "cpu-xla-2core": lambda: xla_table(157, 186, bold_over=1.10),

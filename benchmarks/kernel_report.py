@@ -500,15 +500,15 @@ def elementwise_launches(dtype: torch.dtype) -> list[Launch]:
 def adam_launches(dtype: torch.dtype) -> list[Launch]:
     """AdamW over a 1.1B-parameter list (TinyLlama-1.1B: 1,100,048,384): fp32 params and
     state; 16-bit params with fp32 master weights and fp32 state."""
-    from fusedops.kernels.triton import adam
+    from fusedops.kernels.triton import _multi_tensor, adam
 
     numel = 1_100_048_384
     master = dtype != torch.float32
     constexprs = dict(
         PARAM_DTYPE=_TL[dtype], STATE_DTYPE=tl.float32, AMSGRAD=False, MAXIMIZE=False,
         DECOUPLED=True, HAS_WEIGHT_DECAY=True, HAS_MASTER=master, LR_ON_DEVICE=False,
-        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, HAS_CLIP=False, CHUNK=adam.CHUNK,
-        BLOCK=adam.BLOCK, ALIGNED=True, EMULATE_RTNE=False,
+        HAS_GRAD_SCALE=False, HAS_FOUND_INF=False, HAS_CLIP=False, CHUNK=_multi_tensor.CHUNK,
+        BLOCK=_multi_tensor.BLOCK, ALIGNED=True, EMULATE_RTNE=False,
     )  # fmt: skip
     types = {n: "fp32" for n in ("lr", "beta1", "beta2", "eps", "weight_decay")}
     types.update(table_ptr="*i64", lr_ptr="*fp32", grad_scale_ptr="*fp32", found_inf_ptr="*fp32")
@@ -516,7 +516,7 @@ def adam_launches(dtype: torch.dtype) -> list[Launch]:
     es = _size(dtype)
     # read grad, param (or master), m, v; write them back (+ the 16-bit param with a master)
     ideal = numel * (es + 4 * 4 + (8 + es if master else 2 * es))
-    shape = f"{numel} params, {triton.cdiv(numel, adam.CHUNK)} chunks"
+    shape = f"{numel} params, {triton.cdiv(numel, _multi_tensor.CHUNK)} chunks"
     return [Launch("adam", adam._adam_kernel, dtype, shape, constexprs, types=types, ideal=ideal)]
 
 

@@ -7,8 +7,15 @@ column per tensor slot; 0 where a list is unused), the row of sizes, then the te
 chunk index of each program (the layout each kernel module's docstring spells out for its
 lists). A table holds at most ``max_tensors`` tensors and ``max_chunks`` chunks; while tensors
 remain, the next table is filled (a tensor whose chunks do not all fit continues in the next).
-Tables depend only on the tensors' addresses and sizes, so ``TableCache`` keeps the last ones
-built per group and hands them back while they stay the same.
+Program c loads its row, casts the addresses with ``tl.pointer_type`` and updates its chunk,
+``block`` elements at a time, in fp32. Tables depend only on the tensors' addresses and sizes,
+so ``TableCache`` keeps the last ones built per group and hands them back while they stay the
+same (the usual case: params and state never move, and the caching allocator hands gradients
+the same blocks each step).
+
+Under TRITON_INTERPRET=1 (the CPU interpreter used by the tests) loads and stores go to the raw
+host addresses, so the data_ptr tables work unchanged on CPU tensors: the interpreter runs the
+same kernels and the same tables as a GPU does.
 """
 
 from __future__ import annotations
@@ -20,7 +27,29 @@ import torch
 import triton
 import triton.language as tl
 
+from fusedops._env import triton_interpreter
+
 Tables = list[tuple[torch.Tensor, int, int, bool]]
+
+#: Elements per chunk (one program) and per inner iteration.
+CHUNK = 65536
+BLOCK = 1024
+#: Capacity of one table (one launch).
+MAX_TENSORS = 4096
+MAX_CHUNKS = 65536
+#: Smaller chunks under the CPU interpreter: more programs, each cheap to interpret.
+INTERPRETER_CHUNK = 16384
+INTERPRETER_BLOCK = 16384
+
+
+def launch_sizes(chunk: int | None, block: int | None) -> tuple[int, int, bool]:
+    """``(chunk, block, interpreted)`` of a launch: the elements per program and per iteration,
+    ``chunk``/``block`` where given, else the constants (the interpreter's smaller ones under
+    TRITON_INTERPRET=1); block at most chunk."""
+    interpreted = triton_interpreter()
+    chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
+    block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
+    return chunk, block, interpreted
 
 
 @triton.jit

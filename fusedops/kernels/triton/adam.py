@@ -9,18 +9,8 @@ The launcher cuts every tensor of a group into chunks of CHUNK elements and writ
     table[7 * T + t]                       numel of tensor slot t
     table[8 * T + c], table[8 * T + C + c] tensor slot and chunk index of program c
 
-(T tensor slots, C chunks). Program c loads its row, casts the addresses with
-``tl.pointer_type`` and updates its chunk, BLOCK elements at a time, in fp32. A table holds at
-most ``max_tensors`` tensors and ``max_chunks`` chunks; while tensors remain, the next table is
-filled (a tensor whose chunks do not all fit continues in the next table) and launched.
-
-Under TRITON_INTERPRET=1 (the CPU interpreter used by the tests) loads and stores go to the raw
-host addresses, so the data_ptr tables work unchanged on CPU tensors: the interpreter runs the
-same kernel and the same tables as a GPU does (checked by tests/test_adam.py).
-
-Tables depend only on the tensors' addresses and sizes, so the last one built for a group is
-cached and reused while they stay the same (the usual case: params and state never move, and
-the caching allocator hands gradients the same blocks each step).
+(T tensor slots, C chunks). The chunking, table capacity, cache and interpreter rules are
+fusedops/kernels/triton/_multi_tensor.py's (checked by tests/test_adam.py).
 """
 
 from __future__ import annotations
@@ -31,25 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedops._env import triton_interpreter
 from fusedops.kernels.shared.adam import step_arguments
 from fusedops.kernels.triton import _multi_tensor
 from fusedops.kernels.triton._multi_tensor import (
+    MAX_CHUNKS,
+    MAX_TENSORS,
     Tables,
     _round,
     _table_pointer,
     plan_tables,  # noqa: F401  (its tests ask here)
 )
-
-#: Elements per chunk (one program) and per inner iteration.
-CHUNK = 65536
-BLOCK = 1024
-#: Capacity of one table (one launch).
-MAX_TENSORS = 4096
-MAX_CHUNKS = 65536
-#: Smaller chunks under the CPU interpreter: more programs, each cheap to interpret.
-INTERPRETER_CHUNK = 16384
-INTERPRETER_BLOCK = 16384
 
 _ROWS = 8  # address rows (7) + size row
 
@@ -258,9 +239,7 @@ def step(
     chunk/block (elements per program / per iteration; chunk a multiple of block) and the
     table capacities default to the module constants (smaller chunks under the interpreter).
     """
-    interpreted = triton_interpreter()
-    chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
-    block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
+    chunk, block, interpreted = _multi_tensor.launch_sizes(chunk, block)
     lists, o = step_arguments(lists, options)
     params, _, exp_avgs, _, _, masters, steps = lists
     dummy = steps[0]  # any tensor: stands for pointers a kernel variant never reads

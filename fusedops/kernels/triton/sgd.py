@@ -8,18 +8,8 @@ The launcher cuts every tensor of a group into chunks of CHUNK elements and writ
     table[5 * T + t]                       numel of tensor slot t
     table[6 * T + c], table[6 * T + C + c] tensor slot and chunk index of program c
 
-(T tensor slots, C chunks). Program c loads its row, casts the addresses with
-``tl.pointer_type`` and updates its chunk, BLOCK elements at a time, in fp32. A table holds at
-most ``max_tensors`` tensors and ``max_chunks`` chunks; while tensors remain, the next table is
-filled (a tensor whose chunks do not all fit continues in the next table) and launched.
-
-Under TRITON_INTERPRET=1 (the CPU interpreter used by the tests) loads and stores go to the raw
-host addresses, so the data_ptr tables work unchanged on CPU tensors: the interpreter runs the
-same kernel and the same tables as a GPU does (checked by tests/test_sgd.py).
-
-Tables depend only on the tensors' addresses and sizes, so the last ones built for a group are
-cached and reused while they stay the same (the usual case: params and state never move, and
-the caching allocator hands gradients the same blocks each step).
+(T tensor slots, C chunks). The chunking, table capacity, cache and interpreter rules are
+fusedops/kernels/triton/_multi_tensor.py's (checked by tests/test_sgd.py).
 """
 
 from __future__ import annotations
@@ -30,25 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from fusedops._env import triton_interpreter
 from fusedops.kernels.shared.sgd import step_arguments
 from fusedops.kernels.triton import _multi_tensor
 from fusedops.kernels.triton._multi_tensor import (
+    MAX_CHUNKS,
+    MAX_TENSORS,
     Tables,
     _round,
     _table_pointer,
     plan_tables,  # noqa: F401  (its tests ask here)
 )
-
-#: Elements per chunk (one program) and per inner iteration.
-CHUNK = 65536
-BLOCK = 1024
-#: Capacity of one table (one launch).
-MAX_TENSORS = 4096
-MAX_CHUNKS = 65536
-#: Smaller chunks under the CPU interpreter: more programs, each cheap to interpret.
-INTERPRETER_CHUNK = 16384
-INTERPRETER_BLOCK = 16384
 
 _ADDRESS_ROWS = 5  # param, grad, momentum_buffer, master, first
 _ROWS = _ADDRESS_ROWS + 1  # + the size row
@@ -239,9 +220,7 @@ def step(
     chunk/block (elements per program / per iteration; chunk a multiple of block) and the
     table capacities default to the module constants (smaller chunks under the interpreter).
     """
-    interpreted = triton_interpreter()
-    chunk = chunk or (INTERPRETER_CHUNK if interpreted else CHUNK)
-    block = min(block or (INTERPRETER_BLOCK if interpreted else BLOCK), chunk)
+    chunk, block, interpreted = _multi_tensor.launch_sizes(chunk, block)
     lists, o = step_arguments(lists, options)
     params, grads, momentum_buffers, masters, firsts = lists
     has_momentum = o.momentum != 0

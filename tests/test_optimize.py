@@ -419,14 +419,14 @@ def _ranks(rank: int, world: int, seed: int) -> None:
     assert picks == ["fast"] * world
     # a step where one rank alone meets a new signature (its batch of another size): decided
     # by that rank, no collective to wait on; its own times decide (its "fast" is slower)
-    _step(model, torch.randn(4 if rank == 0 else 6, 16))
+    _step(model, torch.randn(4 if rank == 0 else 6, 16, device="cpu"))
     decisions = list(model.module._fusedops_region.decisions.values())
     assert len(decisions) == 1 + rank
     assert rank == 0 or (decisions[-1].pick, decisions[-1].source) == ("eager", "timed")
     # first calls that differ between the ranks: each rank decides alone
     other = DDP(copy.deepcopy(plain.module))
     fusedops.optimize(other, candidates=["fast"], cache=False)
-    other(torch.randn(4 + rank, 16))
+    other(torch.randn(4 + rank, 16, device="cpu"))
     (first,) = other.module._fusedops_region.decisions.values()
     assert first.pick == ("fast" if rank == 0 else "eager"), first
     dist.barrier()  # every rank got here: nobody waits on a collective another skipped

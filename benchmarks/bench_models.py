@@ -29,6 +29,7 @@ measurement of issue 42 (item 8): ``--device cpu --ways eager,compile,optimize -
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import datetime
 import json
@@ -183,13 +184,19 @@ def run_one(name: str, way: str, device: str, steps: int) -> dict:
         import resource
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    picks = ""
+    picks = trials = ""
     if way == "optimize":
         import fusedops
 
-        picks = ";".join(row["pick"] for row in fusedops.autotune._region(model).rows())
+        rows = fusedops.autotune._region(model).rows()
+        picks = ";".join(row["pick"] for row in rows)
+        trials = "; ".join(
+            ", ".join(f"{n} {cell.split(' (')[0]}" for n, cell in row["candidates"].items())
+            + f" -> {row['pick']}"
+            for row in rows
+        )
     return {"ms": times, "first_s": first, "peak_mib": peak, "loss": loss,
-            "first_loss": first_loss, "picks": picks}  # fmt: skip
+            "first_loss": first_loss, "picks": picks, "trials": trials}  # fmt: skip
 
 
 def worker(name: str, way: str, device: str, steps: int) -> dict:
@@ -216,6 +223,13 @@ def worker(name: str, way: str, device: str, steps: int) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"{name} {way} failed:\n{done.stderr[-3000:]}")
+
+
+def _count_picks(results: list[dict]) -> str:
+    """How many processes made each pick, most first: "4 compile|1 eager" (a process with
+    several regions: their picks joined by ";")."""
+    counted = collections.Counter(r["picks"] for r in results if r.get("picks"))
+    return "|".join(f"{count} {pick}" for pick, count in counted.most_common())
 
 
 def main() -> None:
@@ -248,9 +262,15 @@ def main() -> None:
             order = ways if round_index % 2 == 0 else list(reversed(ways))
             for way in order:
                 try:
-                    results[way].append(worker(name, way, args.device, steps))
+                    result = worker(name, way, args.device, steps)
                 except RuntimeError as error:
                     print(f"{name} {way}: {str(error).splitlines()[0]}")
+                    continue
+                results[way].append(result)
+                if result.get("trials"):
+                    print(f"  {name} {way} process {len(results[way])}: trials "
+                          f"{result['trials']}; steps {statistics.median(result['ms']):.4g} ms",
+                          flush=True)  # fmt: skip
         step_ms = {w: statistics.median([m for r in rs for m in r["ms"]])
                    for w, rs in results.items() if rs}  # fmt: skip
         eager_loss = statistics.median([r["loss"] for r in results.get("eager", [])] or [0.0])
@@ -277,7 +297,7 @@ def main() -> None:
                 "vs_eager": round(step_ms["eager"] / step_ms[way], 3) if "eager" in step_ms else "",
                 "vs_best_of_eager_compile": round(best / step_ms[way], 3) if best else "",
                 "processes": len(rs),
-                "picks": "|".join(sorted({r.get("picks", "") for r in rs} - {""})),
+                "picks": _count_picks(rs),
             }  # fmt: skip
             rows.append(row)
             print("  ".join(f"{k}={v}" for k, v in row.items() if k not in ("date", "device")))

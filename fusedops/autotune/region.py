@@ -324,21 +324,25 @@ class Region:
         return decided
 
     def _timed(self, key: str, args: tuple, kwargs: dict) -> Decision:
+        """Trials of every candidate for this call: each one's first run (compared with the
+        user's code) and warm-up in turn, then the rounds in which they take turns
+        (``trial.Trials.time_together``)."""
         built = self.built()
         trials = trial.Trials(self.module, args, kwargs)
         device = _main_device(self.module, args, kwargs)
         memory = measure.Memory(device)
         limit = measure.available(device)
         decided = Decision("eager", signature=key)
-        timings: dict[str, trial.Timing] = {}
         if self._swaps is not None:
             self._swaps.ensure(False)
-        reference = trials.run(built["eager"].run)
-        timings["eager"] = trials.time(built["eager"].run, reference)
-        eager_s = ranks.from_rank0(timings["eager"].seconds)
-        own = timings["eager"]
-        decided.bound = ranks.from_rank0(measure.bound(own.host, own.device))
+        eager = built["eager"].run
+        reference = trials.run(eager)
+        settled = {"eager": trials.settle(eager, reference)}
+        eager_s = ranks.from_rank0(settled["eager"])
+        host, device_s = trials.split(eager, settled["eager"])
+        decided.bound = ranks.from_rank0(measure.bound(host, device_s))
         backends.BOUND = decided.bound  # what the fused candidate's per-module picks weigh
+        runners: dict[str, Callable] = {"eager": eager}
         for name, candidate in built.items():
             if name == "eager":
                 continue
@@ -349,7 +353,7 @@ class Region:
             try:
                 if self._swaps is not None:
                     self._swaps.ensure(candidate.swapped)
-                timing, peak = self._trial(name, candidate, trials, reference, memory)
+                settled[name], peak = self._trial(name, candidate, trials, reference, memory)
             except _Differs as wrong:
                 decided.dropped[name] = f"differs from the model's own code: {wrong}"
                 continue
@@ -367,7 +371,8 @@ class Region:
                         f"{limit / 2**20:.0f} MiB this process could use"
                     )
                     continue
-            timings[name] = timing
+            runners[name] = self._runner(candidate)
+        timings = self._time_together(trials, runners, settled, decided)
         failed_anywhere = ranks.union(set(decided.dropped))
         for name in failed_anywhere - set(decided.dropped):
             decided.dropped[name] = "failed or differed on another rank"
@@ -379,6 +384,37 @@ class Region:
         fastest = min(seconds, key=seconds.get)
         decided.pick = fastest if seconds[fastest] <= self.margin * seconds["eager"] else "eager"
         return decided
+
+    def _runner(self, candidate: candidates.Candidate) -> Callable:
+        """``candidate.run`` with the fused classes swapped in or out as it needs."""
+        if self._swaps is None:
+            return candidate.run
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._swaps.ensure(candidate.swapped)
+            return candidate.run(*args, **kwargs)
+
+        return run
+
+    def _time_together(
+        self,
+        trials: trial.Trials,
+        runners: dict[str, Callable],
+        settled: dict[str, float],
+        decided: Decision,
+    ) -> dict[str, trial.Timing]:
+        """The candidates' times, taking turns; where one fails now (after runs that passed),
+        the others are dropped with it and the user's code is timed alone."""
+        try:
+            return trials.time_together(runners, settled)
+        except Exception as error:  # noqa: BLE001  (a failing candidate is dropped)
+            for name in runners:
+                if name != "eager":
+                    decided.dropped[name] = f"failed while timed: {_short(error)}"
+            return trials.time_together({"eager": runners["eager"]}, settled)
+        finally:
+            if self._swaps is not None:
+                self._swaps.ensure(False)
 
     def _left_out(self, name: str, candidate: candidates.Candidate, eager_s: float) -> str | None:
         """Why a compiling candidate is not tried (the budget spent, or the ``steps`` hint
@@ -407,9 +443,10 @@ class Region:
         trials: trial.Trials,
         reference: trial.Result,
         memory: measure.Memory,
-    ) -> tuple[trial.Timing, int | None]:
+    ) -> tuple[float, int | None]:
         """``candidate``'s first run (compared with ``reference``; progress lines while it
-        compiles), then its timing; with its peak memory over both (None off CUDA)."""
+        compiles) and warm-up: its last warm-up run's seconds, and its peak memory over them
+        (None off CUDA)."""
         global _compile_seconds
         memory.begin()
         if candidate.compiles:
@@ -422,11 +459,11 @@ class Region:
         wrong = trial.mismatch(reference, first)
         if wrong is not None:
             raise _Differs(wrong)
-        timing = trials.time(candidate.run, first)
+        settled = trials.settle(candidate.run, first)
         if candidate.compiles:
-            compile_s = max(first.seconds - timing.seconds, 0.0)
+            compile_s = max(first.seconds - settled, 0.0)
             _compile_measured[name] = max(_compile_measured.get(name, 0.0), compile_s)
-        return timing, memory.peak()
+        return settled, memory.peak()
 
     def _free_losers(self, new_pick: str) -> None:
         """Drop what candidates that no signature picked hold (compiled programs; made again

@@ -12,12 +12,14 @@ Time is read from ``clock()`` (``time.perf_counter``; tests put a stand-in there
 run that ends with a device synchronisation where a tensor lives on a CUDA device. After the
 first run (which compiles, JITs Triton kernels, lets ``cudnn.benchmark`` search and the
 allocator grow) warm-up runs follow until one takes within ``SETTLED`` of the one before; then
-the best of a few rounds is the candidate's time, and on CUDA its host and device time are
-measured apart (``fusedops.autotune.measure``).
+the candidates take turns over a few rounds (``Trials.time_together``) and each one's best run
+is its time, and on CUDA its host and device time are measured apart
+(``fusedops.autotune.measure``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -204,22 +206,42 @@ class Trials:
         return previous
 
     def time(self, function: Callable, first: Result) -> Timing:
-        """``function``'s time: after warm-up (``settle``), the best seconds over rounds of
-        two runs each (the second timed: the first after another candidate's shares the cores
-        with its idle threads), as many rounds as ``ROUNDS_BUDGET_S`` allows; on CUDA its host
-        and device time apart (``measure.split``)."""
-        settled = self.settle(function, first)
-        rounds = int(ROUNDS_BUDGET_S / max(settled, 1e-9))
+        """``function``'s time after warm-up (``settle``), as ``time_together`` measures it
+        for one function."""
+        return self.time_together({"": function}, {"": self.settle(function, first)})[""]
+
+    def time_together(
+        self, functions: Mapping[str, Callable], settled: Mapping[str, float]
+    ) -> dict[str, Timing]:
+        """Each of ``functions``' time (all warmed up; ``settled``: each one's last warm-up
+        seconds): the best seconds over rounds in which every function runs twice in turn (the
+        second run timed: the first after another function's shares the cores with its idle
+        threads), as many rounds as ``ROUNDS_BUDGET_S`` a function allows; on CUDA each one's
+        host and device time apart (``measure.split``). Taking turns, the functions meet the
+        same load: a burst of other work on the machine, or a slower stretch of it, slows all of
+        them rather than the one whose rounds it fell on."""
+        per_round = sum(max(settled[name], 1e-9) for name in functions)
+        rounds = int(ROUNDS_BUDGET_S * len(functions) / per_round)
         rounds = min(max(rounds, MIN_ROUNDS), MAX_ROUNDS)
-        best = math.inf
-        for _ in range(rounds):
-            self.run(function)
-            best = min(best, self.run(function).seconds)
+        best = dict.fromkeys(functions, math.inf)
+        order = list(functions)
+        for index in range(rounds):
+            for name in order[index % len(order) :] + order[: index % len(order)]:
+                self.run(functions[name])
+                best[name] = min(best[name], self.run(functions[name]).seconds)
+        return {
+            name: Timing(best[name], *self.split(function, best[name]))
+            for name, function in functions.items()
+        }
+
+    def split(self, function: Callable, wall: float) -> tuple[float, float]:
+        """``function``'s (host seconds, device seconds) where a run takes ``wall``
+        (``measure.split``: on the CPU ``(wall, wall)``, without a run)."""
         try:
-            host, device = measure.split(lambda: self._once(function), best, self.on_cuda, clock)
+            once = functools.partial(self._once, function)
+            return measure.split(once, wall, self.on_cuda, clock)
         finally:
             self.snapshot.restore()
-        return Timing(best, host, device)
 
 
 def _exact(tensor: torch.Tensor) -> bool:

@@ -191,7 +191,7 @@ def run_one(name: str, way: str, device: str, steps: int) -> dict:
         rows = fusedops.autotune._region(model).rows()
         picks = ";".join(row["pick"] for row in rows)
         trials = "; ".join(
-            ", ".join(f"{n} {cell.split(' (')[0]}" for n, cell in row["candidates"].items())
+            ", ".join(f"{n} {_short_cell(cell)}" for n, cell in row["candidates"].items())
             + f" -> {row['pick']}"
             for row in rows
         )
@@ -223,6 +223,11 @@ def worker(name: str, way: str, device: str, steps: int) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     raise RuntimeError(f"{name} {way} failed:\n{done.stderr[-3000:]}")
+
+
+def _short_cell(cell: str) -> str:
+    """A report cell made short for the log: the milliseconds, or why it was left out."""
+    return cell[:90] if cell.startswith(("dropped", "unavailable")) else cell.split(" (")[0]
 
 
 def _count_picks(results: list[dict]) -> str:

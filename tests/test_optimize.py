@@ -852,8 +852,11 @@ def test_each_fused_module_runs_on_the_backend_its_trial_picks(clock, monkeypatc
     costs = {"native": 10.0, "fastln": 2.0, "wrongln": 1.0}
     real_forward = backends.BackendPick._forward
 
+    ran = []
+
     def costed(self, *args, **kwargs):
-        clock.now += costs[fusedops.dispatch.requested() or "native"]
+        ran.append(fusedops.dispatch.requested() or "native")
+        clock.now += costs[ran[-1]]
         return real_forward(self, *args, **kwargs)
 
     monkeypatch.setattr(backends.BackendPick, "_forward", costed)
@@ -875,6 +878,10 @@ def test_each_fused_module_runs_on_the_backend_its_trial_picks(clock, monkeypatc
         assert backends.PICKS[key] == "fastln"
         assert measured["native"] == 10.0 and measured["fastln"] == 2.0
         assert measured["wrongln"].startswith("differs from native: output 0")
+        # the timed rounds take turns (two runs each, the second timed), then the call itself
+        a, b = ran[-9], ran[-7]
+        assert {a, b} == {"native", "fastln"}
+        assert ran[-9:] == [a, a, b, b, b, b, a, a, "fastln"], ran
         expected = fusedops.layer_norm(x, (16,), norm.weight, norm.bias, backend="reference")
         assert_close(y, expected, terms=16, magnitude=float(expected.detach().abs().max()))
         norm(x)

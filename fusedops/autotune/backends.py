@@ -134,6 +134,8 @@ class BackendPick:
 
             return run
 
+        runners: dict[str, Any] = {}
+        settled: dict[str, float] = {}
         for backend in backends:
             runner = run_on(backend)
             try:
@@ -150,11 +152,20 @@ class BackendPick:
                         stacklevel=4,
                     )
                     continue
-                timing = trials.time(runner, first)
-                TIMINGS.setdefault(key, {})[backend] = timing
-                measured[backend] = timing.cost(BOUND)
+                settled[backend] = trials.settle(runner, first)
+                runners[backend] = runner
             except Exception as error:  # noqa: BLE001  (a failing backend is dropped)
                 measured[backend] = f"failed: {type(error).__name__}: {error}"[:200]
+        try:  # the backends take turns (trial.Trials.time_together)
+            timings = trials.time_together(runners, settled) if runners else {}
+        except Exception as error:  # noqa: BLE001  (one failed after passing runs: all dropped)
+            timings = {}
+            for backend in runners:
+                measured[backend] = f"failed while timed: {type(error).__name__}: {error}"[:200]
+        for backend, timing in timings.items():
+            TIMINGS.setdefault(key, {})[backend] = timing
+            measured[backend] = timing.cost(BOUND)
+        measured = {backend: measured[backend] for backend in backends if backend in measured}
         TRIALS[key] = measured
         timed = {b: s for b, s in measured.items() if isinstance(s, float)}
         chosen = min(timed, key=timed.get) if timed else "native"

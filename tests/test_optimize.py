@@ -282,6 +282,29 @@ def test_the_fused_candidate_gives_the_models_numbers(clock, monkeypatch):
         assert_close(a, b, terms=16 * 8, magnitude=float(b.abs().max()) + 1e-30)
 
 
+def test_the_models_own_code_never_runs_with_the_fused_classes(clock, monkeypatch):
+    """In the rounds taken in turn the model's own code follows the fused candidate's runs:
+    each of its runs has the model's own classes back."""
+    seen = []
+    eager = _stand_in("eager", 10.0, clock)
+
+    def own_classes(module, forward):
+        made = eager(module, forward)
+        run = made.run
+
+        def recorded(*args, **kwargs):
+            seen.append(type(module.norm))
+            return run(*args, **kwargs)
+
+        made.run = recorded
+        return made
+
+    monkeypatch.setitem(candidates.BUILDERS, "eager", own_classes)
+    model = fusedops.optimize(_net(), candidates=["fused"])
+    model(_x())
+    assert len(seen) > 3 and set(seen) == {nn.LayerNorm}
+
+
 def test_new_signatures_are_timed_up_to_the_bound(clock, monkeypatch, caplog):
     monkeypatch.setitem(candidates.BUILDERS, "fast", _stand_in("fast", 5.0, clock))
     model = fusedops.optimize(_net(), candidates=["fast"], max_signatures=2)

@@ -342,7 +342,7 @@ class Region:
         host, device_s = trials.split(eager, settled["eager"])
         decided.bound = ranks.from_rank0(measure.bound(host, device_s))
         backends.BOUND = decided.bound  # what the fused candidate's per-module picks weigh
-        runners: dict[str, Callable] = {"eager": eager}
+        runners: dict[str, Callable] = {"eager": self._runner(built["eager"])}
         for name, candidate in built.items():
             if name == "eager":
                 continue

@@ -188,13 +188,9 @@ def run_one(name: str, way: str, device: str, steps: int) -> dict:
     if way == "optimize":
         import fusedops
 
-        rows = fusedops.autotune._region(model).rows()
-        picks = ";".join(row["pick"] for row in rows)
-        trials = "; ".join(
-            ", ".join(f"{n} {_short_cell(cell)}" for n, cell in row["candidates"].items())
-            + f" -> {row['pick']}"
-            for row in rows
-        )
+        region = fusedops.autotune._region(model)
+        picks = ";".join(decided.pick for decided in region.decisions.values())
+        trials = "; ".join(_trials(d, region.unavailable) for d in region.decisions.values())
     return {"ms": times, "first_s": first, "peak_mib": peak, "loss": loss,
             "first_loss": first_loss, "picks": picks, "trials": trials}  # fmt: skip
 
@@ -225,9 +221,13 @@ def worker(name: str, way: str, device: str, steps: int) -> dict:
     raise RuntimeError(f"{name} {way} failed:\n{done.stderr[-3000:]}")
 
 
-def _short_cell(cell: str) -> str:
-    """A report cell made short for the log: the milliseconds, or why it was left out."""
-    return cell[:90] if cell.startswith(("dropped", "unavailable")) else cell.split(" (")[0]
+def _trials(decided, unavailable: dict[str, str]) -> str:
+    """One decision of optimize for the log: each candidate's trial ms, or why it was left
+    out, and the pick."""
+    cells = [f"{name} {1e3 * seconds:.3g} ms" for name, seconds in decided.seconds.items()]
+    cells += [f"{name} dropped ({why[:80]})" for name, why in decided.dropped.items()]
+    cells += [f"{name} unavailable" for name in unavailable]
+    return ", ".join(cells) + f" -> {decided.pick}"
 
 
 def _count_picks(results: list[dict]) -> str:

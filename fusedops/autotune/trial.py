@@ -205,11 +205,6 @@ class Trials:
                 break
         return previous
 
-    def time(self, function: Callable, first: Result) -> Timing:
-        """``function``'s time after warm-up (``settle``), as ``time_together`` measures it
-        for one function."""
-        return self.time_together({"": function}, {"": self.settle(function, first)})[""]
-
     def time_together(
         self, functions: Mapping[str, Callable], settled: Mapping[str, float]
     ) -> dict[str, Timing]:

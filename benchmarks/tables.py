@@ -637,7 +637,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "cpu-overhead": cpu_overhead,
     "cpu-nms": cpu_nms,
     "cpu-ddp": cpu_ddp,
-    "cpu-models": lambda: cpu_models("2026-12-07 02:22"),
+    "cpu-models": lambda: cpu_models("2026-12-07 05:08"),
     "cpu-xla-pick": lambda: xla_table(295, 324, runs_as=True),
     "cpu-xla-xeon": lambda: xla_table(225, 254, bold_over=1.10),
     "cpu-xla-2core": lambda: xla_table(157, 186, bold_over=1.10),

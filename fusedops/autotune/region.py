@@ -333,16 +333,14 @@ class Region:
         memory = measure.Memory(device)
         limit = measure.available(device)
         decided = Decision("eager", signature=key)
-        if self._swaps is not None:
-            self._swaps.ensure(False)
-        eager = built["eager"].run
+        eager = self._runner(built["eager"])  # the model's own classes back on every run
         reference = trials.run(eager)
         settled = {"eager": trials.settle(eager, reference)}
         eager_s = ranks.from_rank0(settled["eager"])
         host, device_s = trials.split(eager, settled["eager"])
         decided.bound = ranks.from_rank0(measure.bound(host, device_s))
         backends.BOUND = decided.bound  # what the fused candidate's per-module picks weigh
-        runners: dict[str, Callable] = {"eager": self._runner(built["eager"])}
+        runners: dict[str, Callable] = {"eager": eager}
         for name, candidate in built.items():
             if name == "eager":
                 continue

@@ -510,9 +510,12 @@ def test_cuda_path_python_side_with_emulated_kernels(monkeypatch, mask_fill):
     assert cuda_path._groups(q) == 3  # 96 warps over 2 heads x 20 rows: 3 window groups
     grads = cuda_path.backward(dout, q, k, v, bias, mask, lse, scale, True)
     expected, expected_grads = _expected(q, k, v, bias, mask, dout, scale)
-    assert_close(out, expected)
+    # fp32 products in torch's own blocked order: the bounds at each result's magnitude (at
+    # 1.0 the gradients, up to ~5, went over it in 15 of 600 runs (300 seeds, 2 fills); at their
+    # magnitude the worst of the 600 used 0.26 of it)
+    assert_close(out, expected, magnitude=float(expected.abs().max()))
     for name, actual, want in zip(("dq", "dk", "dv", "dbias"), grads, expected_grads):
-        assert_close(actual, want, scale=GRAD_SCALE, msg=name)
+        assert_close(actual, want, scale=GRAD_SCALE, magnitude=float(want.abs().max()), msg=name)
 
 
 # ------------------------------------------------------------------------------------------

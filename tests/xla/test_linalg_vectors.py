@@ -250,5 +250,12 @@ def test_eig_values_and_residuals(n, dtype):
         residual = a[i].to(tv.dtype) @ tv[i] - tv[i] * tw[i][None, :]
         zero = torch.zeros(n, n, dtype=real)
         magnitude = (norm[i] * condition[i][nearest.argsort()]).to(real)[None, :]
-        assert_close(residual.abs(), zero, terms=n, magnitude=magnitude, msg="A v - w v")
+        # the eigensolver's error, as eigh's below: about n orthogonal transformations of
+        # n-term sums per entry (terms n * n), from 3 sources (Hessenberg reduction, the Schur
+        # iterations, the vectors' back-substitution and back-transformation). At terms n
+        # (12-16 u x norm x condition) the tail went over: of 40,000 matrices a case, n = 4
+        # float64's 99.9th percentile 13.9 u, its worst 25.9 u; that worst uses 0.43 of this.
+        assert_close(
+            residual.abs(), zero, scale=3, terms=n * n, magnitude=magnitude, msg="A v - w v"
+        )
         assert_close(tv[i].abs().square().sum(0), torch.ones(n, dtype=real), terms=n, msg="|v|")
